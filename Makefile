@@ -1,0 +1,39 @@
+# Front doors: `make demo` (set up, then run a learning run on one machine) and `make test`.
+VENV        ?= .venv
+BIN         := $(VENV)/bin
+# The Kafka installation the tests and the demo use; ../shared/kafka holds Apache Kafka 4.4.0.
+KAFKA_HOME  ?= $(if $(wildcard ../shared/kafka/libs),$(abspath ../shared/kafka),)
+export KAFKA_HOME
+PYTEST_ARGS ?=
+DURATION    ?= 0
+
+.PHONY: setup test unit demo bench bench-quick lint format clean
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: setup
+	$(BIN)/pytest -m "not kafka and not vllm and not browser and not slow" $(PYTEST_ARGS)
+
+demo: setup
+	$(BIN)/distrl-stream up --duration $(DURATION)
+
+bench: setup
+	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
+
+bench-quick: setup
+	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf distrl-data .pytest_cache build *.egg-info

@@ -1,0 +1,27 @@
+"""Entry point: `distrl-stream COMMAND`. Each command group lives in its own module beside this one."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from distrl_stream.cli.common import ConfigOption, RunOption, build_config
+
+app = typer.Typer(
+    name="distrl-stream",
+    help="Asynchronous distributed RL for device-control agents (DistRL / A-RIDE) on Apache Kafka and vLLM.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
+
+
+@config_app.command("show")
+def config_show(config: ConfigOption = None, run: RunOption = None) -> None:
+    """Print the effective configuration (defaults < file < DISTRL_* environment < flags) as JSON."""
+    cfg = build_config(config, run=run)
+    typer.echo(json.dumps(cfg.model_dump(mode="json"), indent=2))

