@@ -64,6 +64,117 @@ class BrokerConfig(Section):
     startup_timeout_s: float = Field(60.0, gt=0, description="How long to wait for the broker to answer.")
 
 
+class LearnerConfig(Section):
+    """The learner's algorithm: A-RIDE (or a baseline), its critics, the replay buffer and DPER (DESIGN §5).
+
+    Sources of defaults: "paper" (DistRL, arXiv 2410.14803), "authors' code" (their released configs/trainer), or
+    "ours" with the reason. Where the paper gives no value the authors' code wins (DESIGN §5).
+    """
+
+    algorithm: Literal["aride", "digirl", "filtered_bc"] = Field(
+        "aride",
+        description="Update rule: A-RIDE; DigiRL-style filtered advantage-weighted updates; or filtered behaviour "
+        "cloning on successful episodes.",
+    )
+    gamma: float = Field(0.5, ge=0.0, le=1.0, description="Discount γ. Source: authors' code (gamma: 0.5).")
+    retrace_lambda: float = Field(
+        1.0, ge=0.0, le=1.0, description="Retrace trace decay λ. Source: authors' code (its traces are min(1, ρ): λ=1)."
+    )
+    c_bar: float = Field(
+        1.0, gt=0.0, description="Retrace trace truncation c̄ in c_i = λ·min(c̄, ρ_i). Source: authors' code (min(1, ρ))."
+    )
+    rho_bar: float = Field(
+        1.0, gt=0.0, description="Policy-gradient importance-weight clip ρ̄. Source: authors' code (clip_pg_rho 1.0)."
+    )
+    entropy_coef: float = Field(
+        0.05, ge=0.0, description="Entropy bonus β. Source: authors' code (entropy_coeff 0.05 when entropy is on)."
+    )
+    invalid_penalty: float = Field(
+        0.1, ge=0.0, description="Invalid-action penalty λ_inv. Source: authors' code (lambda_penalty 0.1)."
+    )
+    critic_loss: Literal["bce", "mse"] = Field(
+        "bce",
+        description="Step-critic loss towards the clipped Retrace target. Source: ours: V is a success probability "
+        "and BCE keeps gradients alive where the sigmoid saturates.",
+    )
+    critic_hidden: int = Field(256, ge=1, description="Hidden width of the critic heads. Source: ours (small MLP).")
+    trajectory_critic: bool = Field(
+        False,
+        description="Train DigiRL's instruction-level critic V_traj (always on for algorithm=digirl). Source: ours.",
+    )
+    dper_w1: float = Field(50.0, ge=0.0, description="DPER weight of mean|δ|. Source: authors' code (dper_w1 50).")
+    dper_w2: float = Field(1.0, ge=0.0, description="DPER weight of mean ρ. Source: authors' code (w2 1.0).")
+    dper_w3: float = Field(0.01, ge=0.0, description="DPER weight of mean −log π. Source: authors' code (w3 0.01).")
+    dper_alpha: float = Field(
+        0.5,
+        ge=0.0,
+        description="Priority exponent α (P ∝ p^α). Source: ours, as DESIGN §5 sets it (the authors' code never "
+        "let priorities reach sampling, so it has none).",
+    )
+    is_beta_start: float = Field(
+        0.4,
+        ge=0.0,
+        le=1.0,
+        description="Importance-sampling exponent β_is at the start. Source: ours, PER's (Schaul et al. 2016) value; "
+        "neither the paper nor the code gives one.",
+    )
+    is_beta_end: float = Field(1.0, ge=0.0, le=1.0, description="β_is after annealing. Source: ours, PER's value.")
+    is_beta_anneal_updates: int = Field(
+        2000,
+        ge=0,
+        description="Updates over which β_is rises linearly to its end value (0: no annealing). Source: ours.",
+    )
+    buffer_capacity_steps: int = Field(
+        10_000, ge=1, description="Replay buffer capacity in steps. Source: authors' code (capacity 10000 steps)."
+    )
+    batch_episodes: int = Field(
+        8, ge=1, description="Episodes per update (whole episodes). Source: ours, sized for a CPU update."
+    )
+    min_buffer_episodes: int = Field(
+        8, ge=1, description="Episodes held before the first update. Source: ours (one batch of distinct episodes)."
+    )
+    optimizer: Literal["adam", "adamw"] = Field(
+        "adam", description="Optimiser of policy and critics. Source: authors' code."
+    )
+    policy_lr: float = Field(1e-4, gt=0.0, description="Policy (LoRA) learning rate. Source: authors' code (lm_lr).")
+    critic_lr: float = Field(1e-4, gt=0.0, description="Critic learning rate (both heads). Source: authors' code.")
+    max_grad_norm: float = Field(
+        0.01, gt=0.0, description="Gradient-norm clip of each update. Source: authors' code (max_grad_norm 0.01)."
+    )
+    updates_per_version: int = Field(
+        20,
+        ge=1,
+        description="Updates between published weight versions. Source: authors' code (20 actor steps per iteration, "
+        "then the policy is shipped).",
+    )
+    priority_refresh_interval: int = Field(
+        20,
+        ge=1,
+        description="Every K updates refresh all priorities (sampled ones are refreshed after every update). "
+        "Source: authors' code (a full refresh once per 20-step iteration).",
+    )
+    max_policy_lag: int = Field(
+        10, ge=0, description="Drop trajectories more than this many versions behind the learner. Source: ours."
+    )
+    digirl_quantile: float = Field(
+        0.9,
+        gt=0.0,
+        lt=1.0,
+        description="DigiRL filter: keep trajectories at or above this quantile of 1{success} − V_traj. "
+        "Source: authors' code (top 10%).",
+    )
+    digirl_lambda: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="DigiRL step advantage mix λ^{L−1−t}·R + (1 − λ^{L−1−t})·δ_t. Source: ours (even mix).",
+    )
+    checkpoint_interval_updates: int = Field(
+        100, ge=1, description="Updates between learner checkpoints. Source: ours."
+    )
+    seed: int = Field(0, description="Seed of the learner's sampling and initialisation. Source: ours.")
+
+
 class Config(BaseSettings):
     """Root of the configuration tree."""
 
@@ -86,6 +197,7 @@ class Config(BaseSettings):
     )
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
 
     @property
     def run_dir(self) -> Path:

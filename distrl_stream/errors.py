@@ -52,3 +52,7 @@ class InferenceRequestError(InferenceError):
 
 class AdapterVerificationError(InferenceError):
     """A weight version's adapter does not match its published sha256 (or is missing); it is never served."""
+
+
+class ReplayBufferError(DistrlError):
+    """The replay buffer refused an operation (an episode it cannot store, a bad priority, a bad snapshot)."""

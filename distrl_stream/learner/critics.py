@@ -1,0 +1,137 @@
+"""Critics: the step value V(s) and DigiRL's trajectory value V_traj, as small heads on frozen-model features.
+
+Choice: a critic is an MLP on a feature vector, and the feature of a prompt is the frozen base model's final hidden
+state at the prompt's last token, computed under ``no_grad`` with the LoRA adapter switched off. The base never
+changes, so a prompt's feature is stable while the policy learns (the critic does not chase a moving
+representation), it costs one forward pass that the policy's own log-prob pass already resembles, and the heads
+train in microseconds on a CPU. Both heads output a logit; the value is σ(logit), a success probability in [0, 1],
+matching the sparse 0/1 success reward of the tasks.
+
+The heads take feature tensors, not text, so they are independent of how features are made; :func:`prompt_features`
+is the one function that makes them from a transformers model + tokenizer + prompts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class ValueHead(nn.Module):
+    """MLP from a feature vector to a value logit: Linear → GELU → Linear.
+
+    No input normalisation: the base model's final hidden states already come out of its final norm, and a LayerNorm
+    here would erase the features' mean direction, which can carry the signal.
+    """
+
+    def __init__(self, feature_dim: int, hidden_dim: int = 256) -> None:
+        """Build the head.
+
+        Args:
+            feature_dim: size of the feature vector (the base model's hidden size).
+            hidden_dim: width of the hidden layer.
+        """
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(feature_dim, hidden_dim),
+            nn.GELU(),
+            nn.Linear(hidden_dim, 1),
+        )
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Value logits: ``[N, D] -> [N]``."""
+        return self.net(features).squeeze(-1)
+
+    def value(self, features: Tensor) -> Tensor:
+        """Success probability σ(logit): ``[N, D] -> [N]`` in [0, 1]."""
+        return torch.sigmoid(self.forward(features))
+
+
+class StepCritic(ValueHead):
+    """V(s_t): the success probability from the state of step t; trained on Retrace targets (``aride.critic_loss``).
+
+    Its features are those of the step's prompt (instruction + screen + recent actions), the same text the policy
+    acts on.
+    """
+
+
+class TrajectoryCritic(ValueHead):
+    """V_traj(instruction): DigiRL's instruction-level value, the probability the policy solves this task.
+
+    Its features are those of the episode's first prompt (the instruction on the starting screen). Used by the
+    DigiRL-style baseline to filter trajectories (and available to a curriculum).
+    """
+
+    def loss(self, features: Tensor, success: Tensor) -> Tensor:
+        """Binary cross-entropy against episode success.
+
+        Args:
+            features: ``[B, D]`` features of each episode's first prompt.
+            success: ``[B]`` bool or 0/1 episode success.
+
+        Returns:
+            Scalar loss.
+        """
+        logits = self.forward(features)
+        return F.binary_cross_entropy_with_logits(logits, success.to(logits.dtype))
+
+
+@torch.no_grad()
+def prompt_features(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    *,
+    batch_size: int = 32,
+    max_length: int = 512,
+) -> Tensor:
+    """Final hidden state of each prompt's last token under the frozen base model.
+
+    Works for a plain transformers causal LM and for a peft model (its adapter is disabled for the pass, so the
+    features come from the base weights). Prompts are tokenised exactly as the tokenizer does by default, one by one,
+    left-truncated to ``max_length`` (the last token is the one that matters) and right-padded per batch, so a
+    prompt's feature does not depend on what it is batched with.
+
+    Args:
+        model: transformers causal LM (``output_hidden_states`` supported) or a peft wrapper of one.
+        tokenizer: its tokenizer.
+        prompts: the prompt texts.
+        batch_size: prompts per forward pass.
+        max_length: most tokens kept per prompt.
+
+    Returns:
+        ``[len(prompts), hidden_size]`` float32 tensor on the CPU, without gradient.
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    adapter_off = model.disable_adapter() if hasattr(model, "disable_adapter") else contextlib.nullcontext()
+    rows: list[Tensor] = []
+    model.eval()
+    try:
+        with adapter_off:
+            for start in range(0, len(prompts), batch_size):
+                encoded = [tokenizer(p)["input_ids"][-max_length:] for p in prompts[start : start + batch_size]]
+                if not all(encoded):
+                    raise ValueError(f"a prompt in {list(prompts[start : start + batch_size])!r} has no tokens")
+                width = max(len(ids) for ids in encoded)
+                input_ids = torch.zeros(len(encoded), width, dtype=torch.long)
+                attention = torch.zeros(len(encoded), width, dtype=torch.long)
+                for i, ids in enumerate(encoded):
+                    input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+                    attention[i, : len(ids)] = 1
+                out = model(
+                    input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True
+                )
+                last = attention.sum(dim=1) - 1
+                hidden = out.hidden_states[-1]  # [b, width, hidden], after the final norm
+                rows.append(hidden[torch.arange(len(encoded), device=device), last.to(device)].float().cpu())
+    finally:
+        model.train(was_training)
+    if not rows:
+        return torch.zeros(0, model.config.hidden_size)
+    return torch.cat(rows)
