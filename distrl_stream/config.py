@@ -175,6 +175,91 @@ class LearnerConfig(Section):
     seed: int = Field(0, description="Seed of the learner's sampling and initialisation. Source: ours.")
 
 
+class ModelConfig(Section):
+    """The policy model: its base weights and the LoRA adapter shape the learner trains and the server accepts."""
+
+    policy_id: str = Field(
+        "policy",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.]{0,63}$",
+        description="Policy id: the key of {run}.weights and the prefix of served names (<policy_id>-v<N>, "
+        "version 0 = the base model).",
+    )
+    base: Path | None = Field(
+        None,
+        description="Base model folder (any vLLM-servable causal LM, e.g. a Qwen2.5 instruct model on disk). "
+        "None: build the local model of `size` into data_dir/models/<size> on first use.",
+    )
+    size: Literal["tiny", "small"] = Field(
+        "tiny", description="Local model to build when `base` is None: tiny ≈0.4M params, small ≈10M."
+    )
+    seed: int = Field(0, description="Seed of the local model's initialisation (same seed, same files).")
+    lora_rank: int = Field(8, ge=1, description="LoRA rank r; the server is started with --max-lora-rank r.")
+    lora_alpha: int = Field(16, ge=1, description="LoRA scaling α (peft lora_alpha).")
+    lora_dropout: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="LoRA dropout. 0 keeps the learner's log-probs equal to the server's (vLLM applies none).",
+    )
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Modules that get LoRA weights (Qwen2 names); vLLM serves LoRA on all of them.",
+    )
+
+
+class InferenceConfig(Section):
+    """The vLLM policy server (`serve`) and the client every collector uses to ask it for actions."""
+
+    host: str = Field("127.0.0.1", description="Address the server listens on and clients connect to.")
+    port: int = Field(8000, ge=0, le=65535, description="Server port; 0 picks a free one at start.")
+    url: str | None = Field(
+        None, description="Base URL of an already running server (e.g. http://gpu-host:8000); overrides host/port."
+    )
+    device: Literal["auto", "cpu", "gpu"] = Field(
+        "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (DESIGN §8)."
+    )
+    dtype: str = Field("bfloat16", description="vLLM --dtype of the served weights.")
+    max_model_len: int = Field(512, ge=16, description="Prompt + action tokens per request (vLLM --max-model-len).")
+    cpu_kvcache_gb: int = Field(1, ge=1, description="KV-cache GiB on CPU (VLLM_CPU_KVCACHE_SPACE).")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0.0, le=1.0, description="vLLM --gpu-memory-utilization on GPU (CPU always uses 0.2: see DESIGN §8)."
+    )
+    keep_versions: int = Field(
+        2, ge=1, description="LoRA versions kept loaded; older ones are unloaded when a newer one is loaded."
+    )
+    startup_timeout_s: float = Field(300.0, gt=0, description="How long `serve` waits for /v1/models to answer.")
+    stop_timeout_s: float = Field(15.0, gt=0, description="Grace period after SIGTERM before the server is killed.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server arguments, appended as given.")
+    log_file: Path | None = Field(None, description="Server log file. None: <data_dir>/runs/<run>/logs/vllm.log.")
+    watch_weights: bool = Field(
+        True, description="Run the weight-version watcher inside `serve` (hot-loads {run}.weights versions)."
+    )
+    mode: Literal["choice", "free"] = Field(
+        "choice",
+        description="choice: pick among the env's candidate actions (valid by construction, exact ρ); free: "
+        "free-form text parsed into an action (the paper's setting).",
+    )
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature (the learner recomputes with it).")
+    max_tokens: int = Field(
+        64, ge=1, description="Free mode: most tokens per action. Choice mode bounds it by the longest candidate."
+    )
+    free_stop: list[str] = Field(
+        default_factory=lambda: ["\n"], description="Free mode: stop strings (an action is one line)."
+    )
+    request_timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP request to the server.")
+    retries: int = Field(2, ge=0, description="Retries of a failed request (connection error, timeout, 5xx).")
+    retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles on each retry.")
+    max_connections: int = Field(64, ge=1, description="Concurrent HTTP connections of one client.")
+    version_poll_s: float = Field(
+        2.0, gt=0, description="How often a client re-reads /v1/models to switch to the newest loaded version."
+    )
+
+    @property
+    def base_url(self) -> str:
+        """Where clients send requests."""
+        return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
+
+
 class Config(BaseSettings):
     """Root of the configuration tree."""
 
@@ -198,6 +283,8 @@ class Config(BaseSettings):
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    inference: InferenceConfig = Field(default_factory=InferenceConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -56,3 +56,7 @@ class AdapterVerificationError(InferenceError):
 
 class ReplayBufferError(DistrlError):
     """The replay buffer refused an operation (an episode it cannot store, a bad priority, a bad snapshot)."""
+
+
+class ActionConstraintError(DistrlError):
+    """An action's tokens are impossible under the choice constraint they were said to be sampled with."""

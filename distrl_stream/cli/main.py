@@ -7,6 +7,8 @@ import json
 import typer
 
 from distrl_stream.cli.common import ConfigOption, RunOption, build_config
+from distrl_stream.cli.model import app as model_app
+from distrl_stream.cli.serve import serve
 
 app = typer.Typer(
     name="distrl-stream",
@@ -18,6 +20,8 @@ app = typer.Typer(
 
 config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(model_app, name="model")
+app.command("serve")(serve)
 
 
 @config_app.command("show")

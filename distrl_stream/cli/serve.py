@@ -1,0 +1,64 @@
+"""`distrl-stream serve`: the vLLM policy server, with the weight-version watcher hot-loading new LoRA versions."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from distrl_stream.cli.common import ConfigOption, RunOption, build_config, err_console, fail, run_command
+
+
+def serve(
+    config: ConfigOption = None,
+    run: RunOption = None,
+    model: Annotated[
+        Path | None, typer.Option("--model", help="Base model folder. [default: build the tiny model]")
+    ] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Listen address. [default: 127.0.0.1]")] = None,
+    port: Annotated[
+        int | None, typer.Option("--port", help="Listen port (0: pick a free one). [default: 8000]")
+    ] = None,
+    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | gpu. [default: auto]")] = None,
+    watch: Annotated[
+        bool | None, typer.Option("--watch/--no-watch", help="Hot-load versions from {run}.weights. [default: on]")
+    ] = None,
+) -> None:
+    """Serve the policy with vLLM (OpenAI API) until interrupted; new weight versions are loaded as they appear."""
+    overrides: dict[str, Any] = {
+        "run": run,
+        "model": {"base": model},
+        "inference": {"host": host, "port": port, "device": device, "watch_weights": watch},
+    }
+    cfg = build_config(config, **overrides)
+    from distrl_stream.inference.server import InferenceServer  # keeps `--help` free of heavy imports
+
+    server: InferenceServer = run_command(InferenceServer.from_config, cfg)
+    stop = threading.Event()
+    # SIGTERM (docker stop, kill) must stop vLLM's process group just as Ctrl-C does.
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    err_console.print(f"starting vLLM ({server.device}) on {server.url}, log {server.log_path}", highlight=False)
+    run_command(server.start)
+    watcher = None
+    try:
+        if cfg.inference.watch_weights:
+            from distrl_stream.inference.versions import WeightWatcher
+
+            watcher = WeightWatcher(cfg, server_url=server.url)
+            watcher.start()
+        err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
+        while not stop.wait(1.0):
+            if not server.running():
+                fail(f"vLLM server exited unexpectedly (log: {server.log_path})\n{server.log_tail()}")
+            if watcher is not None and watcher.failed is not None:
+                fail(f"weight watcher stopped: {watcher.failed}")
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        server.stop()
+        err_console.print("server stopped", highlight=False)

@@ -1,0 +1,103 @@
+"""Policy artifacts on disk: the one definition of an adapter folder's sha256 and of an atomic folder write.
+
+The learner hashes an adapter with :func:`sha256_dir` when it publishes a weight version and the inference
+service hashes it again before loading it; both must agree byte for byte, so this is the only implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from distrl_stream.errors import ArtifactError
+
+_CHUNK = 1 << 20
+
+
+def sha256_dir(path: Path) -> str:
+    """Hex sha256 over a folder's regular files: for each file in sorted relative-path order (POSIX separators),
+    the path's UTF-8 bytes, a NUL, the file's size as 8 big-endian bytes, then the file's bytes.
+
+    The path and length prefixes make the digest unambiguous: renaming a file, or moving bytes from one file to the
+    next, changes it. Symlinks and empty folders are not part of an adapter and are rejected / ignored.
+
+    Raises:
+        ArtifactError: the folder does not exist or contains a symlink.
+    """
+    if not path.is_dir():
+        raise ArtifactError(f"not a folder: {path}")
+    digest = hashlib.sha256()
+    files: list[tuple[str, Path]] = []
+    for root, _dirs, names in os.walk(path):
+        for name in names:
+            full = Path(root) / name
+            if full.is_symlink():
+                raise ArtifactError(f"symlink in artifact folder (not allowed): {full}")
+            files.append((full.relative_to(path).as_posix(), full))
+    for rel, full in sorted(files):
+        digest.update(rel.encode())
+        digest.update(b"\0")
+        digest.update(full.stat().st_size.to_bytes(8, "big"))
+        with full.open("rb") as fh:
+            while chunk := fh.read(_CHUNK):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dir_size(path: Path) -> int:
+    """Total bytes of the regular files under ``path``."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+@contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Write a folder so readers see either nothing or all of it.
+
+    Yields a temporary folder beside ``target`` (same filesystem, so the final rename is atomic); on a clean exit
+    every file is fsynced, the folder is renamed to ``target`` and the parent is fsynced. On an exception the
+    temporary folder is removed and ``target`` is untouched.
+
+    Raises:
+        ArtifactError: ``target`` already exists.
+    """
+    if target.exists():
+        raise ArtifactError(f"refusing to overwrite existing artifact folder {target}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
+    try:
+        yield tmp
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                _fsync(file, os.O_RDONLY)
+        _fsync(tmp, os.O_RDONLY)
+        os.rename(tmp, target)
+        _fsync(target.parent, os.O_RDONLY)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def local_path(uri: str) -> Path:
+    """The local folder an artifact URI names: ``file:///abs/path`` or a plain path.
+
+    Raises:
+        ArtifactError: another scheme (a remote store needs a downloader that is not configured).
+    """
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file"):
+        return Path(unquote(parsed.path) if parsed.scheme else uri)
+    raise ArtifactError(f"unsupported artifact URI scheme {parsed.scheme!r} in {uri!r} (only file:// or a path)")
+
+
+def _fsync(path: Path, flags: int) -> None:
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

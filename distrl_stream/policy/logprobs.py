@@ -1,0 +1,209 @@
+"""Learner-side log π(a|s): the log-probability the current weights give to the tokens the server sampled.
+
+Both modes reproduce what the vLLM server computed for the behaviour policy (``--logprobs-mode
+processed_logprobs``: log-softmax of the logits after temperature and after the structured-output mask):
+
+- **free mode**: log-softmax(logits / temperature) over the whole vocabulary;
+- **choice mode**: the same, with every token the server's grammar forbade masked out. vLLM turns
+  ``structured_outputs.choice`` into the xgrammar grammar ``root ::= "c1" | "c2" | ...``; we compile the same
+  grammar with the same engine, so the allowed set at each position is exactly the server's: every token whose
+  bytes keep the text a prefix of some candidate (any tokenisation, not only the canonical one), plus the stop
+  token once the text equals a whole candidate.
+
+Everything is differentiable with respect to the model's parameters; the learner backpropagates through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import torch
+import xgrammar as xgr
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from distrl_stream.errors import ActionConstraintError
+
+_EBNF_ESCAPES = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
+
+
+def choice_grammar(candidates: Sequence[str]) -> str:
+    """The EBNF grammar vLLM builds for ``structured_outputs.choice`` (vllm ``choice_as_grammar``, same escaping)."""
+
+    def escape(ch: str) -> str:
+        if ch in _EBNF_ESCAPES:
+            return _EBNF_ESCAPES[ch]
+        return f"\\u{ord(ch):04x}" if ord(ch) < 0x20 or ord(ch) == 0x7F else ch
+
+    return "root ::= " + " | ".join('"' + "".join(escape(ch) for ch in c) + '"' for c in candidates)
+
+
+class ChoiceConstraint:
+    """Per-position allowed-token masks of a choice among candidate strings, computed with xgrammar.
+
+    Build one per (tokenizer, model) and reuse it: compiled grammars are cached per candidate list.
+    """
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, vocab_size: int, stop_token_ids: Sequence[int] | None = None
+    ) -> None:
+        """Args:
+        tokenizer: the policy's tokenizer.
+        vocab_size: the model's vocabulary size (``model.config.vocab_size``; may exceed the tokenizer's).
+        stop_token_ids: tokens that end a completed choice; default: what xgrammar detects (the eos token),
+            as vLLM does.
+        """
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) if stop_token_ids else None
+        )
+        self.vocab_size = vocab_size
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=True)
+        self._compile = lru_cache(maxsize=4096)(self._compile_uncached)
+        # Bit j of 32-bit word k of xgrammar's bitmask allows token 32*k + j.
+        self._bits = torch.arange(32, dtype=torch.int32)
+
+    def _compile_uncached(self, candidates: tuple[str, ...]) -> Any:
+        return self._compiler.compile_grammar(choice_grammar(candidates))
+
+    def allowed(self, candidates: Sequence[str], token_ids: Sequence[int]) -> Tensor:
+        """Allowed tokens before each of ``token_ids``, as the server's grammar saw them.
+
+        Returns:
+            Bool tensor [len(token_ids), vocab_size]; row i is the set the i-th token was drawn from.
+
+        Raises:
+            ActionConstraintError: a token the grammar forbids (the tokens were not generated under this choice).
+        """
+        if not candidates:
+            raise ActionConstraintError("choice mode needs at least one candidate")
+        matcher = xgr.GrammarMatcher(self._compile(tuple(candidates)))
+        bitmask = xgr.allocate_token_bitmask(max(len(token_ids), 1), self.vocab_size)
+        for i, token in enumerate(token_ids):
+            matcher.fill_next_token_bitmask(bitmask, i)
+            if not matcher.accept_token(int(token)):
+                raise ActionConstraintError(
+                    f"token {token} at position {i} is not allowed by the choice among {len(candidates)} candidates"
+                )
+        bits = (bitmask[: len(token_ids)].unsqueeze(-1) >> self._bits) & 1
+        return bits.reshape(len(token_ids), -1)[:, : self.vocab_size].bool()
+
+
+@dataclass(frozen=True)
+class ActionLogProbs:
+    """Per-token log-probabilities of a batch of actions, right-padded to the longest action.
+
+    Attributes:
+        token_logprobs: [B, T] log π of each action token (0 at padding).
+        entropy: [B, T] entropy of π at each action position, over the allowed tokens in choice mode (0 at padding).
+        mask: [B, T] True at real action tokens.
+    """
+
+    token_logprobs: Tensor
+    entropy: Tensor
+    mask: Tensor
+
+    @property
+    def logprob(self) -> Tensor:
+        """[B] log π(a|s) of each whole action: the sum over its tokens."""
+        return self.token_logprobs.sum(-1)
+
+
+def action_logprobs(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    action_token_ids: Sequence[Sequence[int]],
+    candidates: Sequence[Sequence[str] | None] | None = None,
+    *,
+    temperature: float = 1.0,
+    constraint: ChoiceConstraint | None = None,
+) -> ActionLogProbs:
+    """Compute log π(a|s) for a batch, differentiably.
+
+    Args:
+        model: a causal LM (transformers, optionally wrapped by peft) in the state to evaluate.
+        tokenizer: its tokenizer; prompts are encoded as the server encodes them (special tokens added the
+            tokenizer's way).
+        prompts: the prompts the server was given (:func:`distrl_stream.policy.prompt.build_prompt`).
+        action_token_ids: the token ids the server returned for each action, including the final stop token.
+        candidates: per sample, the choice the server was asked to make (choice mode), or None (free mode);
+            None for the whole argument means free mode for all.
+        temperature: the sampling temperature the server used (processed log-probs are after temperature).
+        constraint: a reusable :class:`ChoiceConstraint`; built from ``tokenizer`` when needed and not given.
+
+    Returns:
+        :class:`ActionLogProbs` with tensors on the model's device.
+
+    Raises:
+        ActionConstraintError: an action's tokens are impossible under its candidates.
+    """
+    if len(prompts) != len(action_token_ids) or (candidates is not None and len(candidates) != len(prompts)):
+        raise ValueError("prompts, action_token_ids and candidates must have the same length")
+    device = next(model.parameters()).device
+    vocab_size = model.config.vocab_size
+    batch = len(prompts)
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    width_p = max(len(p) for p in prompt_ids)
+    width_a = max(max((len(a) for a in action_token_ids), default=0), 1)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+    # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
+    # the logits serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
+    input_ids = torch.full((batch, width_p + width_a), pad, dtype=torch.long)
+    attention = torch.zeros((batch, width_p + width_a), dtype=torch.long)
+    action = torch.full((batch, width_a), pad, dtype=torch.long)
+    mask = torch.zeros((batch, width_a), dtype=torch.bool)
+    for row, (p_ids, a_ids) in enumerate(zip(prompt_ids, action_token_ids, strict=True)):
+        input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(p_ids)
+        input_ids[row, width_p : width_p + len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
+        attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
+        action[row, : len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
+        mask[row, : len(a_ids)] = True
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention.to(device),
+        position_ids=position_ids.to(device),
+        logits_to_keep=width_a + 1,
+        use_cache=False,
+    )
+    # Logits at column width_p - 1 + t predict action token t; the last kept column predicts past the end.
+    logits = out.logits[:, :width_a, :vocab_size].float() / temperature  # [B, T, V]
+
+    allowed = _allowed_masks(tokenizer, vocab_size, action_token_ids, candidates, constraint, width_a)
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed.to(device), float("-inf"))
+    logp = torch.log_softmax(logits, dim=-1)
+    mask = mask.to(device)
+    token_lp = logp.gather(-1, action.to(device).unsqueeze(-1)).squeeze(-1)
+    # Forbidden tokens (log p = -inf) add 0 to the entropy; zeroing log p before the product keeps -inf·0 = NaN
+    # out of both the value and its gradient.
+    finite_logp = torch.where(torch.isfinite(logp), logp, torch.zeros((), device=device))
+    entropy = -(logp.exp() * finite_logp).sum(-1)
+    zero = torch.zeros((), device=device)
+    return ActionLogProbs(
+        token_logprobs=torch.where(mask, token_lp, zero), entropy=torch.where(mask, entropy, zero), mask=mask
+    )
+
+
+def _allowed_masks(
+    tokenizer: PreTrainedTokenizerBase,
+    vocab_size: int,
+    action_token_ids: Sequence[Sequence[int]],
+    candidates: Sequence[Sequence[str] | None] | None,
+    constraint: ChoiceConstraint | None,
+    width: int,
+) -> Tensor | None:
+    if candidates is None or all(c is None for c in candidates):
+        return None
+    constraint = constraint or ChoiceConstraint(tokenizer, vocab_size)
+    # Free-mode rows and padding positions allow everything (padding is masked out of the result anyway).
+    allowed = torch.ones((len(action_token_ids), width, vocab_size), dtype=torch.bool)
+    for row, (a_ids, cands) in enumerate(zip(action_token_ids, candidates, strict=True)):
+        if cands is not None and len(a_ids) > 0:
+            allowed[row, : len(a_ids)] = constraint.allowed(cands, a_ids)
+    return allowed

@@ -1,0 +1,147 @@
+"""Local policy models: a byte-level BPE tokenizer and a Qwen2 causal LM built from a config, no hub download.
+
+The folder written by :func:`build_model` holds what ``save_pretrained`` writes for the model, the tokenizer and
+the generation config, so transformers (``AutoModelForCausalLM.from_pretrained``) and vLLM (``--model DIR``) both
+load it. Building is seeded and deterministic: the same size, corpus and seed give byte-identical files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+from distrl_stream.errors import ModelBuildError
+from distrl_stream.policy.artifacts import atomic_dir
+
+EOS_TOKEN = "<|endoftext|>"
+
+ModelSize = Literal["tiny", "small"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a locally built Qwen2 model. ``head_dim`` = hidden / heads is 64: vLLM's CPU attention rejects 16."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+    max_positions: int = 1024
+
+
+SPECS: dict[str, ModelSpec] = {
+    # ≈0.3M parameters: tests and the CPU demo.
+    "tiny": ModelSpec(
+        vocab_size=1024, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256
+    ),
+    # ≈10M parameters: still seconds to build, minutes of CPU training.
+    "small": ModelSpec(
+        vocab_size=4096, hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1024
+    ),
+}
+
+
+def default_corpus() -> list[str]:
+    """The tokenizer's training text: rendered observations, instructions and candidate actions of the simulated
+    device, so the BPE merges cover exactly the vocabulary the policy reads and writes."""
+    from distrl_stream.envs.sim import corpus
+
+    return list(corpus())
+
+
+def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer (GPT-2/Qwen style: every byte is a token, so any text is encodable).
+
+    Args:
+        corpus: training texts.
+        vocab_size: target size including the byte alphabet and the end-of-text token; a small corpus may stop
+            short of it (the tokenizer then has fewer merges, never an unknown token).
+
+    Returns:
+        A fast tokenizer whose eos and pad token is ``<|endoftext|>`` and which adds no BOS.
+    """
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, model_max_length=SPECS["tiny"].max_positions
+    )
+
+
+def build_model(
+    out_dir: Path,
+    size: ModelSize = "tiny",
+    *,
+    corpus: Iterable[str] | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> Path:
+    """Build a randomly initialised Qwen2 policy and its tokenizer into ``out_dir`` (atomically).
+
+    Args:
+        out_dir: target folder; it must not exist unless ``overwrite``.
+        size: ``tiny`` (≈0.3M parameters) or ``small`` (≈10M).
+        corpus: tokenizer training texts; default :func:`default_corpus`.
+        seed: seeds the weight initialisation.
+        overwrite: replace an existing folder.
+
+    Returns:
+        ``out_dir``.
+
+    Raises:
+        ModelBuildError: unknown size, or the folder exists and ``overwrite`` is false.
+    """
+    if size not in SPECS:
+        raise ModelBuildError(f"unknown model size {size!r}; choose one of {sorted(SPECS)}")
+    if out_dir.exists() and not overwrite:
+        raise ModelBuildError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
+    spec = SPECS[size]
+    tokenizer = train_tokenizer(default_corpus() if corpus is None else corpus, spec.vocab_size)
+    eos_id = tokenizer.eos_token_id
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=eos_id,
+        eos_token_id=eos_id,
+        pad_token_id=eos_id,
+    )
+    # Fork the RNG so building a model never changes the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return out_dir
+
+
+def count_parameters(model_dir: Path) -> int:
+    """Number of parameters of the model saved in ``model_dir`` (tied embeddings counted once)."""
+    model = Qwen2ForCausalLM.from_pretrained(model_dir)
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,75 @@
+"""The adapter hash and the atomic folder write that learner and inference service share."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distrl_stream.errors import ArtifactError
+from distrl_stream.policy.artifacts import atomic_dir, dir_size, local_path, sha256_dir
+
+
+def _write(root: Path, files: dict[str, bytes]) -> Path:
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_sha256_is_stable_and_independent_of_creation_order(tmp_path: Path) -> None:
+    a = _write(tmp_path / "a", {"x.bin": b"1", "sub/y.json": b"{}"})
+    b = _write(tmp_path / "b", {"sub/y.json": b"{}", "x.bin": b"1"})
+    assert sha256_dir(a) == sha256_dir(b)
+    assert len(sha256_dir(a)) == 64
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        {"x.bin": b"2", "sub/y.json": b"{}"},  # a changed byte
+        {"z.bin": b"1", "sub/y.json": b"{}"},  # a renamed file
+        {"x.bin": b"1{", "sub/y.json": b"}"},  # bytes moved across the boundary of two files
+        {"x.bin": b"1", "sub/y.json": b"{}", "extra": b""},  # an extra empty file
+    ],
+)
+def test_sha256_changes_with_any_change(tmp_path: Path, other: dict[str, bytes]) -> None:
+    base = _write(tmp_path / "base", {"x.bin": b"1", "sub/y.json": b"{}"})
+    assert sha256_dir(base) != sha256_dir(_write(tmp_path / "other", other))
+
+
+def test_sha256_rejects_missing_folder_and_symlinks(tmp_path: Path) -> None:
+    with pytest.raises(ArtifactError, match="not a folder"):
+        sha256_dir(tmp_path / "nope")
+    root = _write(tmp_path / "d", {"a": b"1"})
+    (root / "link").symlink_to(root / "a")
+    with pytest.raises(ArtifactError, match="symlink"):
+        sha256_dir(root)
+
+
+def test_atomic_dir_publishes_all_files_at_once(tmp_path: Path) -> None:
+    target = tmp_path / "adapters" / "v1"
+    with atomic_dir(target) as tmp:
+        _write(tmp, {"adapter.safetensors": b"w" * 10, "adapter_config.json": b"{}"})
+        assert not target.exists()  # readers see nothing until the write is complete
+    assert sorted(p.name for p in target.iterdir()) == ["adapter.safetensors", "adapter_config.json"]
+    assert dir_size(target) == 12
+    assert [p.name for p in target.parent.iterdir()] == ["v1"]  # no temporary folder left behind
+
+
+def test_atomic_dir_leaves_nothing_on_failure_and_never_overwrites(tmp_path: Path) -> None:
+    target = tmp_path / "v1"
+    with pytest.raises(RuntimeError), atomic_dir(target) as tmp:
+        _write(tmp, {"half": b"x"})
+        raise RuntimeError("crash mid-write")
+    assert list(tmp_path.iterdir()) == []
+    target.mkdir()
+    with pytest.raises(ArtifactError, match="refusing to overwrite"), atomic_dir(target):
+        pass
+
+
+def test_local_path_accepts_paths_and_file_uris_only(tmp_path: Path) -> None:
+    assert local_path(str(tmp_path)) == tmp_path
+    assert local_path((tmp_path / "a b").as_uri()) == tmp_path / "a b"
+    with pytest.raises(ArtifactError, match="s3"):
+        local_path("s3://bucket/adapter")
