@@ -15,6 +15,48 @@ class ConfigError(DistrlError):
         self.field = field
 
 
+# --- events and Kafka (issue 3) ---
+
+
+class SchemaStoreError(DistrlError):
+    """The Avro schema store is inconsistent: a missing or unparsable .avsc, or a schema that changed under its id."""
+
+
+class EventEncodeError(DistrlError):
+    """An event could not be encoded: a field has the wrong type or a required value is missing."""
+
+
+class EventDecodeError(DistrlError):
+    """Bytes could not be decoded into an event. ``reason`` names the problem in a few words.
+
+    Reasons: ``empty``, ``too short``, ``bad magic byte``, ``unknown schema id``, ``truncated``, ``trailing bytes``,
+    ``malformed``, ``unexpected type``.
+    """
+
+    def __init__(self, reason: str, detail: str = "", schema_id: int | None = None) -> None:
+        where = f" (schema id {schema_id})" if schema_id is not None else ""
+        super().__init__(f"cannot decode event: {reason}{where}" + (f": {detail}" if detail else ""))
+        self.reason = reason
+        self.detail = detail
+        self.schema_id = schema_id
+
+
+class KafkaClientError(DistrlError):
+    """A Kafka client failed: invalid client configuration, undeliverable messages, a failed admin operation."""
+
+
+class BrokerError(DistrlError):
+    """The embedded broker could not be found, started or stopped. Start failures end with the broker's log tail."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(f"{message}\n--- broker log tail ---\n{log_tail}" if log_tail else message)
+        self.log_tail = log_tail
+
+
+class KafkaInstallError(DistrlError):
+    """An Apache Kafka release could not be installed: download failed, checksum mismatch, or not a Kafka layout."""
+
+
 # --- policy and inference (issue 5) ---
 
 
