@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -260,6 +260,87 @@ class InferenceConfig(Section):
         return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
 
 
+class EnvConfig(Section):
+    """The environments collectors run: which kind, its tasks, its latency, and how success is judged."""
+
+    kind: Literal["sim", "miniwob", "android"] = Field(
+        "sim", description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium, or adb."
+    )
+    seed: int = Field(0, description="Seed of task sampling and of the simulator's latency noise.")
+    templates: list[str] = Field(
+        default_factory=list,
+        description="Sim task templates to draw tasks from (empty: all). A curriculum starts with a few easy ones.",
+    )
+    pool_size: int = Field(
+        2000, ge=1, description="Tasks per split in the task pool (sim: over the templates; miniwob: seeds per task)."
+    )
+    latency: Literal["none", "lognormal"] = Field(
+        "none", description="Sim step-latency model: none (tests) or log-normal with a per-task scale (benchmarks)."
+    )
+    latency_mean_s: float = Field(0.5, ge=0.0, description="Mean sim step latency in seconds over tasks and steps.")
+    latency_sigma: float = Field(0.5, ge=0.0, description="Log-normal width of the per-step latency within a task.")
+    latency_task_spread: float = Field(
+        100.0, ge=1.0, description="Slowest/fastest ratio of per-task latency scales (DistRL reports ~100x on Android)."
+    )
+    miniwob_tasks: list[str] = Field(
+        default_factory=lambda: [
+            "click-test",
+            "click-test-2",
+            "click-button",
+            "click-link",
+            "focus-text",
+            "focus-text-2",
+            "enter-text",
+            "click-checkboxes",
+        ],
+        description="MiniWoB++ tasks to draw from (the learnable subset documented in docs/envs.md).",
+    )
+    miniwob_episode_time_s: float = Field(
+        60.0, gt=0.0, description="MiniWoB episode time limit; its own 10 s default assumes a fast agent."
+    )
+    chrome_binary: Path = Field(
+        default_factory=lambda: Path(os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")),
+        description="Chromium for MiniWoB++. Default: $MINIWOB_CHROME_BINARY, then /usr/bin/chromium.",
+    )
+    chromedriver: Path = Field(
+        default_factory=lambda: Path(os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")),
+        description="chromedriver matching chrome_binary. Default: $MINIWOB_CHROMEDRIVER, then /usr/bin/chromedriver.",
+    )
+    screenshots: bool = Field(False, description="Capture a PNG screenshot with every MiniWoB/Android observation.")
+    adb_path: str = Field("adb", description="The adb executable (a name on PATH or a path).")
+    adb_serial: str | None = Field(None, description="Device serial for adb -s (None: the only device attached).")
+    adb_timeout_s: float = Field(30.0, gt=0.0, description="Timeout of one adb command.")
+    android_settle_s: float = Field(1.0, ge=0.0, description="Wait after each Android action before reading the UI.")
+    android_apps: dict[str, str] = Field(
+        default_factory=dict,
+        description="App name -> package for open_app on Android, e.g. {'Clock': 'com.google.android.deskclock'}.",
+    )
+    android_tasks: list[str] = Field(
+        default_factory=list, description="Instructions of the Android tasks (success comes from the judge)."
+    )
+    android_horizon: int = Field(15, ge=1, description="Most steps of an Android episode.")
+    judge: Literal["env", "llm"] = Field(
+        "env", description="Who decides success: the environment's own check, or an LLM judge over HTTP."
+    )
+    judge_url: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible API for the judge, e.g. http://host:8000/v1."
+    )
+    judge_model: str = Field("", description="Model name the judge endpoint serves.")
+    judge_api_key: SecretStr | None = Field(None, description="Bearer token for the judge endpoint, if it needs one.")
+    judge_timeout_s: float = Field(30.0, gt=0.0, description="Timeout of one judge request.")
+    judge_on: Literal["status", "every_step"] = Field(
+        "status",
+        description="When to ask the judge: when the agent declares the task complete (and at the horizon), "
+        "or after every step (as DigiRL's evaluator does; one request per step).",
+    )
+
+    @model_validator(mode="after")
+    def _judge_needs_endpoint(self) -> EnvConfig:
+        if self.judge == "llm" and (not self.judge_url or not self.judge_model):
+            raise ValueError("judge = 'llm' needs judge_url and judge_model")
+        return self
+
+
 class Config(BaseSettings):
     """Root of the configuration tree."""
 
@@ -285,6 +366,7 @@ class Config(BaseSettings):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
 
     @property
     def run_dir(self) -> Path:

@@ -100,5 +100,21 @@ class ReplayBufferError(DistrlError):
     """The replay buffer refused an operation (an episode it cannot store, a bad priority, a bad snapshot)."""
 
 
+class EnvError(DistrlError):
+    """An environment failed (browser died, adb failed, a task it cannot run); the episode cannot go on."""
+
+
+class EpisodeStateError(EnvError):
+    """``step`` was called before ``reset`` or after the episode ended: a bug in the caller, not bad model output."""
+
+
+class AdbError(EnvError):
+    """An adb command failed or timed out. The message holds the command and adb's own error output."""
+
+
+class JudgeError(DistrlError):
+    """The task-completion judge could not give a verdict (unreachable, timed out, or answered nonsense)."""
+
+
 class ActionConstraintError(DistrlError):
     """An action's tokens are impossible under the choice constraint they were said to be sampled with."""
