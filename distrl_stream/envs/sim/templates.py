@@ -9,6 +9,7 @@ test task asks for something no train task asks for; the few small templates (a 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,8 @@ from distrl_stream.envs.sim.world import (
     MUSIC_OPTIONS,
     NETWORK_SETTINGS,
     SOUND_SETTINGS,
+    STORE_FAMILIES,
+    STORE_VARIANTS,
     Alarm,
     Contact,
     Note,
@@ -41,12 +44,8 @@ NAMES: Final = (
 PHONES: Final = tuple(f"555-01{i:02d}" for i in range(100))
 TIMES: Final = tuple(f"{h:02d}:{m:02d}" for h in range(5, 23) for m in (0, 15, 30, 45))
 MINUTES: Final = tuple(str(m) for m in range(2, 32))
-FAMILIES: Final = (
-    "Maps", "Chess", "Radio", "Weather", "Fitness", "Recipes",
-    "Podcasts", "Translate", "Budget", "Sudoku", "Flashlight", "Scanner",
-)  # fmt: skip
-VARIANTS: Final = ("", " Pro", " Lite", " Plus")
-ALL_APPS: Final = tuple(family + v for family in FAMILIES for v in VARIANTS)
+FAMILIES: Final = STORE_FAMILIES
+ALL_APPS: Final = tuple(family + v for family in STORE_FAMILIES for v in STORE_VARIANTS)
 NOTE_TITLES: Final = (
     "Groceries", "Trip plan", "Books", "Gifts", "Chores", "Ideas", "Packing", "Movies", "Garden", "Workout",
     "Birthday", "Meeting", "Homework", "Errands", "Goals", "Dinner", "Party", "Repairs", "Taxes", "Pets",
@@ -134,7 +133,6 @@ def base_world(rng: random.Random) -> World:
     alarms = [Alarm(t, rng.random() < 0.5) for t in sorted(rng.sample(TIMES, rng.randint(1, 3)))]
     names = sorted(rng.sample(NAMES, rng.randint(2, 7)))
     contacts = [Contact(n, rng.choice(PHONES), rng.random() < 0.2) for n in names]
-    catalog = {family: rng.sample([family + v for v in VARIANTS], 3) for family in FAMILIES}
     notes = [Note(t, rng.random() < 0.2) for t in rng.sample(NOTE_TITLES, rng.randint(1, 5))]
     songs = rng.sample(SONGS, rng.randint(4, 8))
     world = World(
@@ -143,7 +141,7 @@ def base_world(rng: random.Random) -> World:
         volume=rng.randint(0, MAX_VOLUME),
         alarms=alarms,
         contacts=contacts,
-        catalog=catalog,
+        store_seed=rng.randrange(1 << 30),
         notes=notes,
         songs=songs,
         music={name: rng.random() < 0.5 for name in MUSIC_OPTIONS},
@@ -362,7 +360,7 @@ def _store_first() -> Template:
         return [
             fill(STORE, "Query", q),
             tap(STORE, "Search", in_results, chained=True),
-            tap((*STORE, ("results", q)), lambda w: w.catalog[q][0], lambda w: w.catalog[q][0] in w.store_opened),
+            tap((*STORE, ("results", q)), lambda w: w.results(q)[0], lambda w: w.results(q)[0] in w.store_opened),
         ]
 
     return Template(
@@ -370,7 +368,7 @@ def _store_first() -> Template:
         "world",
         build,
         lambda p: f"Search the Store for {p['query']} and open the first result",
-        lambda w, p: w.catalog[p["query"]][0] in w.store_opened,
+        lambda w, p: w.results(p["query"])[0] in w.store_opened,
         ops,
     )
 
@@ -379,7 +377,7 @@ def _install_app() -> Template:
     def build(rng: random.Random) -> tuple[Params, World]:
         w = base_world(rng)
         family = rng.choice(FAMILIES)
-        app = rng.choice(w.catalog[family])
+        app = rng.choice(w.results(family))
         w.installed.discard(app)
         return {"app": app, "query": family}, w
 
@@ -675,14 +673,15 @@ def solve(world: World, ops: Sequence[Op], limit: int = 40) -> list[Action]:
     return actions
 
 
-def field_texts(task: Task, field: str) -> list[str]:
+@functools.lru_cache(maxsize=8192)
+def field_texts(task: Task, field: str) -> tuple[str, ...]:
     """The texts choice mode offers for a text field: the task's value for it (if any) plus distractors.
 
     Deterministic per task and field, and shuffled, so the right text's position says nothing.
     """
     vocab = FIELD_VOCAB.get(field, ())
     if not vocab:
-        return []
+        return ()
     rng = random.Random(stable_int(f"{task.seed}:{field}"))
     wanted = task.param(FIELD_PARAM[field])
     texts = [wanted] if wanted in vocab else []
@@ -691,7 +690,7 @@ def field_texts(task: Task, field: str) -> list[str]:
         if text not in texts:
             texts.append(text)
     rng.shuffle(texts)
-    return texts
+    return tuple(texts)
 
 
 def iter_vocabulary() -> Iterator[str]:

@@ -11,6 +11,7 @@ so an impossible action leaves every field of the world as it was.
 from __future__ import annotations
 
 import copy
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
@@ -36,6 +37,12 @@ DISPLAY_SETTINGS: Final = ("Dark theme", "Auto-rotate")
 SOUND_SETTINGS: Final = ("Do not disturb", "Vibrate")
 FONT_SIZES: Final = ("Small", "Medium", "Large", "Huge")
 MUSIC_OPTIONS: Final = ("Shuffle", "Repeat")
+STORE_FAMILIES: Final = (
+    "Maps", "Chess", "Radio", "Weather", "Fitness", "Recipes",
+    "Podcasts", "Translate", "Budget", "Sudoku", "Flashlight", "Scanner",
+)  # fmt: skip
+STORE_VARIANTS: Final = ("", " Pro", " Lite", " Plus")
+STORE_RESULTS: Final = 3
 MAX_ALARMS: Final = 4
 MAX_VOLUME: Final = 10
 # Items per page of the scrolling lists; scrolling moves one page.
@@ -44,6 +51,9 @@ PAGE: Final = {"contacts": 4, "notes": 3, "music": 4}
 ROW_TOP: Final = 200
 ROW_HEIGHT: Final = 160
 SCREEN_WIDTH: Final = 1080
+_ROW_BOUNDS: Final = tuple(
+    (0, ROW_TOP + i * ROW_HEIGHT, SCREEN_WIDTH, ROW_TOP + (i + 1) * ROW_HEIGHT) for i in range(16)
+)
 
 
 @dataclass
@@ -125,7 +135,7 @@ class World:
     volume: int
     alarms: list[Alarm]
     contacts: list[Contact]
-    catalog: dict[str, list[str]]
+    store_seed: int
     notes: list[Note]
     songs: list[str]
     music: dict[str, bool]
@@ -170,7 +180,7 @@ class World:
                 clickable=e.on_click is not None or e.field is not None,
                 long_clickable=e.on_long is not None,
                 editable=e.field is not None,
-                bounds=(0, ROW_TOP + i * ROW_HEIGHT, SCREEN_WIDTH, ROW_TOP + (i + 1) * ROW_HEIGHT),
+                bounds=_ROW_BOUNDS[i],
             )
             for i, e in enumerate(self.elements())
         )
@@ -312,6 +322,13 @@ class World:
         query = self.screen.fields.get("Query", "").strip()
         if query:
             self.stack.append(Screen("results", query))
+
+    def results(self, query: str) -> list[str]:
+        """What the Store lists for a search: three variants of a known app family, in this world's own order."""
+        if query not in STORE_FAMILIES:
+            return []
+        variants = [query + v for v in STORE_VARIANTS]
+        return random.Random(self.store_seed * 100 + STORE_FAMILIES.index(query)).sample(variants, STORE_RESULTS)
 
     def contact(self, name: str) -> Contact | None:
         """The contact called ``name``, if any."""
@@ -476,7 +493,7 @@ def _store(w: World, s: Screen) -> list[_El]:
 
 
 def _results(w: World, s: Screen) -> list[_El]:
-    hits = w.catalog.get(s.arg, [])
+    hits = w.results(s.arg)
     if not hits:
         return [_El("text", "No results")]
     return [

@@ -1,0 +1,124 @@
+"""MiniWoB++ in real headless chromium: a scripted oracle speaking our action space solves real episodes."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from distrl_stream.config import load_config
+from distrl_stream.envs.base import Observation
+from distrl_stream.envs.miniwob import MiniWoBEnv
+from distrl_stream.envs.tasks import miniwob_tasks
+
+SECTION = load_config().env
+pytestmark = [
+    pytest.mark.browser,
+    # One browser serves the whole module, so its tests share the module's event loop.
+    pytest.mark.asyncio(loop_scope="module"),
+    pytest.mark.skipif(
+        shutil.which(SECTION.chrome_binary) is None or shutil.which(SECTION.chromedriver) is None,
+        reason=f"chromium/chromedriver not installed at {SECTION.chrome_binary}, {SECTION.chromedriver} "
+        "(apt-get install chromium chromium-driver, or run `make setup`)",
+    ),
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def env() -> AsyncIterator[MiniWoBEnv]:
+    browser = MiniWoBEnv.from_config(SECTION)
+    try:
+        yield browser
+    finally:
+        await browser.close()
+
+
+def oracle(obs: Observation) -> list[str]:
+    """The actions that solve the episode on this first screen, read off the utterance like a person would."""
+    u, els = obs.instruction, obs.elements
+
+    def click(pred: object) -> str:
+        index = next(e.index for e in els if pred(e))  # type: ignore[operator]
+        return f'{{"action_type":"click","index":{index}}}'
+
+    if u == "Click the button.":
+        return [click(lambda e: e.kind == "button")]
+    if m := re.fullmatch(r'Click on the "(.+)" button\.', u):
+        return [click(lambda e: e.kind == "button" and e.text == m[1])]
+    if m := re.fullmatch(r"Click button (\w+)\.", u):
+        return [click(lambda e: e.kind == "button" and e.text == m[1])]
+    if m := re.fullmatch(r'Click on the link "(.+)"\.', u):
+        return [click(lambda e: e.kind == "link" and e.text == m[1])]
+    if u == "Focus into the textbox.":
+        return [click(lambda e: e.kind == "field")]
+    if m := re.fullmatch(r'Enter "(.+)" into the text field and press Submit\.', u):
+        field = next(e.index for e in els if e.kind == "field")
+        return [f'{{"action_type":"type","index":{field},"text":"{m[1]}"}}', click(lambda e: e.text == "Submit")]
+    if m := re.fullmatch(r"Select (.*) and click Submit\.", u):
+        names = [] if m[1] == "nothing" else re.split(r",? and |, ", m[1])
+        return [click(lambda e, n=n: e.kind == "checkbox" and e.text == n) for n in names] + [
+            click(lambda e: e.text == "Submit")
+        ]
+    raise AssertionError(f"no oracle for {u!r}")
+
+
+SOLVED = ["click-test", "click-button", "click-link", "focus-text", "enter-text", "click-checkboxes"]
+
+
+async def test_scripted_oracle_succeeds_on_real_episodes(env: MiniWoBEnv) -> None:
+    for task in miniwob_tasks(SOLVED, "train", 2 * len(SOLVED)):
+        obs = await env.reset(task)
+        assert obs.instruction and obs.elements, task.id
+        for text in oracle(obs):
+            assert text in env.candidates(obs), (task.id, text, obs.text)
+            result = await env.step(text)
+            assert result.info.valid, result.info.reason
+            obs = result.observation
+        assert result.done and result.info.success and result.reward == 1.0, (task.id, result.info.extra)
+        assert result.info.extra["miniwob_raw_reward"] > 0
+
+
+async def test_wrong_action_gets_a_non_positive_reward(env: MiniWoBEnv) -> None:
+    task = miniwob_tasks(["click-test-2"], "test", 1)[0]
+    obs = await env.reset(task)
+    target = re.fullmatch(r"Click button (\w+)\.", obs.instruction)
+    assert target is not None
+    wrong = next(e.index for e in obs.elements if e.kind == "button" and e.text != target[1])
+    result = await env.step(f'{{"action_type":"click","index":{wrong}}}')
+    assert result.done and not result.info.success and result.reward <= 0
+    assert result.info.extra["miniwob_raw_reward"] < 0  # MiniWoB's own verdict: failure
+
+
+async def test_actions_a_web_page_cannot_do_are_invalid_and_change_nothing(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["enter-text"], "train", 1)[0])
+    button = next(e.index for e in obs.elements if e.kind == "button")
+    for text, reason in [
+        ('{"action_type":"navigate_home"}', "no back or home"),
+        ('{"action_type":"open_app","app_name":"Clock"}', "no apps"),
+        ('{"action_type":"click","index":99}', "no element 99"),
+        (f'{{"action_type":"type","index":{button},"text":"x"}}', "is not a text field"),
+    ]:
+        result = await env.step(text)
+        assert not result.info.valid and reason in (result.info.reason or "")
+        assert result.observation == obs and not result.done
+
+
+async def test_same_seed_gives_the_same_page(env: MiniWoBEnv) -> None:
+    task = miniwob_tasks(["click-button"], "train", 1)[0]
+    first = await env.reset(task)
+    await env.reset(miniwob_tasks(["click-link"], "train", 1)[0])
+    assert (await env.reset(task)).text == first.text
+
+
+async def test_close_ends_the_browser_processes() -> None:
+    browser = MiniWoBEnv.from_config(SECTION)
+    await browser.reset(miniwob_tasks(["click-test"], "train", 1)[0])
+    pid = browser.browser_pid
+    assert pid is not None and os.path.exists(f"/proc/{pid}")
+    await browser.close()
+    await browser.close()  # idempotent
+    assert not os.path.exists(f"/proc/{pid}")
