@@ -11,6 +11,7 @@ import pytest
 from distrl_stream.envs.actions import InvalidAction, parse_action
 from distrl_stream.envs.base import Task
 from distrl_stream.envs.sim import TEMPLATES, LatencyModel, SimEnv, candidate_actions, observe, sim_corpus, sim_tasks
+from distrl_stream.envs.sim.oracle import next_action as next_oracle_action
 from distrl_stream.envs.sim.templates import FIELD_PARAM, FIELD_VOCAB, field_texts, instantiate, make_task
 from distrl_stream.errors import EnvError, EpisodeStateError
 
@@ -176,6 +177,25 @@ def test_screens_stay_small_enough_for_a_tiny_model() -> None:
             action = parse_action(rng.choice(options))
             assert not isinstance(action, InvalidAction)
             assert world.apply(action).valid, (obs.text, action)
+
+
+def test_the_oracle_action_is_determined_by_what_the_agent_sees() -> None:
+    """No hidden state: the same task and screen text always call for the same next action, even after detours."""
+    rng = random.Random(11)
+    wanted: dict[str, set[str]] = {}
+    for task in sim_tasks("train", 28 * 20):
+        template = TEMPLATES[task.template]
+        params, world, _ = instantiate(template, task.seed)
+        ops = template.ops(params)
+        for _ in range(rng.randint(0, 2)):
+            world.apply(parse_action(rng.choice(candidate_actions(observe(world, task), task))))  # type: ignore[arg-type]
+        while not template.success(world, params):
+            action = next_oracle_action(world, ops)
+            assert action is not None
+            wanted.setdefault(observe(world, task).text, set()).add(action.to_text())
+            world.apply(action)
+    ambiguous = {text: actions for text, actions in wanted.items() if len(actions) > 1}
+    assert not ambiguous, next(iter(ambiguous.items()))
 
 
 def test_typed_text_candidates_carry_the_needed_text_among_distractors() -> None:

@@ -38,7 +38,8 @@ class Op:
         label: the element's text, or a function of the world giving it (volume up/down).
         done: when this op is achieved.
         value: what ``fill`` types.
-        chained: the op also counts as achieved once the next op is (a typed field is gone after Save).
+        chained: the op also counts as achieved once the next op (of its group) is: a typed field is gone after Save.
+        group: ops of different groups are independent sub-tasks, done in whichever order is cheaper from here.
     """
 
     path: Path
@@ -47,6 +48,7 @@ class Op:
     done: Predicate
     value: str = ""
     chained: bool = False
+    group: int = 0
 
 
 def tap(path: Path, label: str | Callable[[World], str], done: Predicate, chained: bool = False) -> Op:
@@ -69,26 +71,30 @@ def hold(path: Path, label: str, done: Predicate) -> Op:
 
 
 def next_action(w: World, ops: Sequence[Op]) -> Action | None:
-    """The oracle's action in state ``w`` for a task solved by ``ops`` (None when every op is achieved)."""
+    """The oracle's action in state ``w`` for a task solved by ``ops`` (None when every op is achieved).
+
+    Ops with different ``group`` numbers are independent sub-tasks (Airplane mode and an alarm): the oracle works on
+    the one whose next op is cheapest to reach from where the world is now.
+    """
     achieved = [False] * len(ops)
-    later = False
     for i in range(len(ops) - 1, -1, -1):
-        achieved[i] = ops[i].done(w) or (ops[i].chained and later)
-        later = achieved[i]
+        chained = ops[i].chained and i + 1 < len(ops) and ops[i + 1].group == ops[i].group and achieved[i + 1]
+        achieved[i] = chained or ops[i].done(w)
+    pending: dict[int, Op] = {}
     for op, ok in zip(ops, achieved, strict=True):
-        if ok:
-            continue
-        move = route(w, op.path)
-        return move if move is not None else _act(w, op)
-    return None
+        if not ok and op.group not in pending:
+            pending[op.group] = op
+    if not pending:
+        return None
+    op = min(pending.values(), key=lambda o: (route_cost(w, o.path), o.group))
+    move = route(w, op.path)
+    return move if move is not None else _act(w, op)
 
 
 def route(w: World, path: Path) -> Action | None:
     """The first move of a cheapest route from the current screen to ``path`` (None when already there)."""
     current = [s.key for s in w.stack[1:]]
-    common = 0
-    while common < min(len(current), len(path)) and current[common] == path[common]:
-        common += 1
+    common = _common(current, path)
     if common == len(current) == len(path):
         return None
     if common == len(current):
@@ -96,6 +102,22 @@ def route(w: World, path: Path) -> Action | None:
     by_back = (len(current) - common) + _forward_cost(w, path, common)
     by_home = 1 + _forward_cost(w, path, 0)
     return NavigateBack() if by_back <= by_home else NavigateHome()
+
+
+def route_cost(w: World, path: Path) -> int:
+    """Steps of a cheapest route from the current screen to ``path``."""
+    current = [s.key for s in w.stack[1:]]
+    common = _common(current, path)
+    if common == len(current):
+        return _forward_cost(w, path, common)
+    return min((len(current) - common) + _forward_cost(w, path, common), 1 + _forward_cost(w, path, 0))
+
+
+def _common(current: list[Key], path: Path) -> int:
+    common = 0
+    while common < min(len(current), len(path)) and current[common] == path[common]:
+        common += 1
+    return common
 
 
 def _at(w: World, path: Path) -> bool:

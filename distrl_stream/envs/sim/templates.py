@@ -13,7 +13,7 @@ import functools
 import hashlib
 import random
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import count
 from typing import Final, Literal
 
@@ -554,11 +554,9 @@ def _airplane_and_alarm() -> Template:
         return {"time": rng.choice([t for t in TIMES if w.alarm(t) is None])}, w
 
     def ops(p: Params) -> list[Op]:
-        return [
-            tap(SETTINGS, "Airplane mode", lambda w: w.settings["Airplane mode"]),
-            fill(NEW_ALARM, "Time", p["time"]),
-            tap(NEW_ALARM, "Save", lambda w: w.alarm(p["time"]) is not None),
-        ]
+        airplane = tap(SETTINGS, "Airplane mode", lambda w: w.settings["Airplane mode"])
+        alarm = [fill(NEW_ALARM, "Time", p["time"]), tap(NEW_ALARM, "Save", lambda w: w.alarm(p["time"]) is not None)]
+        return [airplane, *(replace(op, group=1) for op in alarm)]
 
     return Template(
         "airplane_and_alarm",

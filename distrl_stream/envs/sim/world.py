@@ -348,7 +348,11 @@ class World:
 
 
 def _home(w: World, s: Screen) -> list[_El]:
-    return [_El("app", app, on_click=w._open(app.lower()), opens=(app.lower(), "")) for app in APPS]
+    els = [_El("app", app, on_click=w._open(app.lower()), opens=(app.lower(), "")) for app in APPS]
+    # The status bar, as on a phone: tasks that combine a setting with another app need it to be observable.
+    status = ", ".join(f"{name} {'on' if w.settings[name] else 'off'}" for name in NETWORK_SETTINGS)
+    els.append(_El("text", "Status", status))
+    return els
 
 
 def _toggle(w: World, name: str, store: dict[str, bool]) -> _El:
@@ -483,7 +487,8 @@ def _new_contact(w: World, s: Screen) -> list[_El]:
         if name and w.contact(name) is None:
             w.contacts.append(Contact(name, s.fields.get("Phone", "").strip()))
             w.contacts.sort(key=lambda c: c.name)
-            w._pop()
+            # As on Android, saving shows the new contact (so whether it was saved is never below the fold).
+            w.stack[-1] = Screen("contact", name)
 
     return [_field(s, "Name"), _field(s, "Phone"), _El("button", "Save", on_click=save)]
 
