@@ -49,6 +49,17 @@ class KafkaConfig(Section):
     compression: Literal["lz4", "zstd", "snappy", "gzip", "none"] = Field(
         "lz4", description="Producer compression codec."
     )
+    max_message_bytes: int = Field(
+        8 * 1024 * 1024,
+        ge=1024,
+        description="Largest message (one whole trajectory) producers send and {run}.trajectories accepts.",
+    )
+    trajectory_retention_ms: int = Field(
+        -1, ge=-1, description="Retention of {run}.trajectories and {run}.dlq; -1 keeps them for replay."
+    )
+    metrics_retention_ms: int = Field(
+        7 * 24 * 3600 * 1000, ge=-1, description="Retention of {run}.metrics (default 7 days; -1 keeps them)."
+    )
 
 
 class BrokerConfig(Section):
@@ -62,6 +73,10 @@ class BrokerConfig(Section):
     port: int = Field(0, ge=0, le=65535, description="Client listener port; 0 picks a free one.")
     heap_mb: int = Field(512, ge=128, description="JVM heap of the broker (-Xms/-Xmx).")
     startup_timeout_s: float = Field(60.0, gt=0, description="How long to wait for the broker to answer.")
+    properties: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra server.properties entries (they win over the generated ones), e.g. log.retention.hours.",
+    )
 
 
 class LearnerConfig(Section):

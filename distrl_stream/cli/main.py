@@ -7,8 +7,10 @@ import json
 import typer
 
 from distrl_stream.cli.common import ConfigOption, RunOption, build_config
+from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.model import app as model_app
 from distrl_stream.cli.serve import serve
+from distrl_stream.cli.topics import app as topics_app
 
 app = typer.Typer(
     name="distrl-stream",
@@ -20,6 +22,8 @@ app = typer.Typer(
 
 config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
+app.add_typer(kafka_app, name="kafka")
+app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")
 app.command("serve")(serve)
 

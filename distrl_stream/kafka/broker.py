@@ -1,0 +1,482 @@
+"""The embedded broker: one Apache Kafka JVM in KRaft mode (broker and controller), run from a Kafka installation.
+
+Everything lives in one run directory, so data survives restarts and any process can find the broker::
+
+    run_dir/
+      server.properties   log4j2.properties   generated on every start
+      data/               log.dirs, formatted once (its meta.properties holds the cluster id)
+      logs/broker.log     the broker's log (rotated at 10 MB);  logs/jvm.out: the JVM's stdout/stderr
+      broker.json         state: pid, ports, cluster id, installation; read by `kafka status` / `kafka stop`
+
+Ports are picked free on the first start and reused on later starts while they stay free, so the bootstrap address
+is stable across restarts.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fcntl
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaException
+
+from distrl_stream.config import Config, KafkaConfig
+from distrl_stream.errors import BrokerError
+from distrl_stream.kafka.admin import Admin
+from distrl_stream.kafka.install import find_kafka_home, installation_name
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "broker.json"
+_LOG_TAIL_LINES = 40
+_START_ATTEMPTS = 3  # a freshly picked free port can be taken by someone else before the JVM binds it
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerState:
+    """What ``broker.json`` records about the broker of a run directory."""
+
+    pid: int | None
+    port: int
+    controller_port: int
+    cluster_id: str
+    kafka_home: str
+    installation: str
+    started_at: str | None
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """Whether the broker of a run directory is running, and where."""
+
+    running: bool
+    run_dir: Path
+    state: BrokerState | None
+    log_file: Path
+
+    @property
+    def bootstrap_servers(self) -> str | None:
+        return self.state.bootstrap_servers if self.state is not None else None
+
+
+class EmbeddedBroker:
+    """Start, find and stop the single-node KRaft broker of a run directory.
+
+    Args:
+        run_dir: the broker's directory (config, data, logs, state).
+        kafka_home: Kafka installation; None finds one (``$KAFKA_HOME``, then ``kafka install``'s cache).
+        port: client port; 0 picks a free one (and keeps it across restarts while it stays free).
+        heap_mb: JVM heap.
+        startup_timeout_s: how long :meth:`start` waits for the broker to answer.
+        properties: extra ``server.properties`` entries; they win over the generated ones.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        kafka_home: Path | None = None,
+        port: int = 0,
+        heap_mb: int = 512,
+        startup_timeout_s: float = 60.0,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir).resolve()
+        self.kafka_home = kafka_home
+        self.port = port
+        self.heap_mb = heap_mb
+        self.startup_timeout_s = startup_timeout_s
+        self.properties = dict(properties or {})
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def from_config(cls, config: Config) -> EmbeddedBroker:
+        """The broker of ``config.data_dir / "kafka"`` with the ``broker`` section's settings."""
+        b = config.broker
+        return cls(
+            config.data_dir / "kafka",
+            kafka_home=b.kafka_home,
+            port=b.port,
+            heap_mb=b.heap_mb,
+            startup_timeout_s=b.startup_timeout_s,
+            properties=b.properties,
+        )
+
+    @property
+    def data_dir(self) -> Path:
+        return self.run_dir / "data"
+
+    @property
+    def log_file(self) -> Path:
+        return self.run_dir / "logs" / "broker.log"
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The running broker's address.
+
+        Raises:
+            BrokerError: it is not running.
+        """
+        status = self.status()
+        if not status.running or status.state is None:
+            raise BrokerError(f"no broker running in {self.run_dir}")
+        return status.state.bootstrap_servers
+
+    def status(self) -> BrokerStatus:
+        """Read the state file and check that its process is alive (this works from any process)."""
+        state = self._read_state()
+        running = state is not None and state.pid is not None and self._alive(state.pid)
+        return BrokerStatus(running, self.run_dir, state, self.log_file)
+
+    def start(self, *, detach: bool = False) -> str:
+        """Start the broker (formatting its storage on first use) and wait until it answers; idempotent.
+
+        Args:
+            detach: keep the broker running after this process exits (``kafka start``). Otherwise, on Linux, the
+                broker is terminated when this process dies, so a crashed test run leaves no JVM behind.
+
+        Returns:
+            The bootstrap address, e.g. ``127.0.0.1:41234``.
+
+        Raises:
+            BrokerError: no Java or Kafka installation, formatting failed, or the broker did not answer within
+                ``startup_timeout_s`` (the message ends with the broker's log tail).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock():
+            status = self.status()
+            if status.running and status.state is not None:
+                return status.state.bootstrap_servers
+            home = find_kafka_home(self.kafka_home)
+            java = _find_java()
+            previous = status.state
+            attempt = 1
+            while True:
+                port = self.port or _reuse_or_free_port(previous.port if previous else None)
+                controller_port = _reuse_or_free_port(previous.controller_port if previous else None, avoid={port})
+                cluster_id = self._format_once(java, home, port, controller_port)
+                process = self._launch(java, home, detach)
+                state = BrokerState(
+                    pid=process.pid,
+                    port=port,
+                    controller_port=controller_port,
+                    cluster_id=cluster_id,
+                    kafka_home=str(home),
+                    installation=installation_name(home),
+                    started_at=datetime.now(UTC).isoformat(timespec="seconds"),
+                )
+                self._write_state(state)
+                try:
+                    self._wait_until_ready(state, process)
+                except BrokerError as exc:
+                    self._terminate(state, timeout_s=10.0)
+                    port_taken = "Address already in use" in exc.log_tail
+                    if not (port_taken and not self.port and attempt < _START_ATTEMPTS):
+                        raise
+                    log.warning("broker port was taken before the JVM bound it; retrying with new ports")
+                    previous, attempt = None, attempt + 1
+                    continue
+                log.info("broker %s ready at %s (pid %d)", self.run_dir, state.bootstrap_servers, process.pid)
+                return state.bootstrap_servers
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the broker with SIGTERM (a clean shutdown), SIGKILL after ``timeout_s``; works from any process.
+
+        Returns:
+            True if a broker was running.
+        """
+        if not self.run_dir.is_dir():
+            return False
+        with self._lock():
+            state = self._read_state()
+            if state is None or state.pid is None or not self._alive(state.pid):
+                return False
+            self._terminate(state, timeout_s)
+            return True
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last lines of the JVM's output and of the broker log."""
+        parts = []
+        for path in (self.run_dir / "logs" / "jvm.out", self.log_file):
+            if path.is_file():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                if text:
+                    parts.append(f"[{path.name}]\n" + "\n".join(text))
+        return "\n".join(parts)
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # --- internals ---
+
+    def _format_once(self, java: str, home: Path, port: int, controller_port: int) -> str:
+        """Write the configs; format the storage unless it already is. Returns the cluster id."""
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        server = self.run_dir / "server.properties"
+        server.write_text(_server_properties(port, controller_port, self.data_dir, self.properties))
+        (self.run_dir / "log4j2.properties").write_text(_LOG4J2.format(logs=self.run_dir / "logs"))
+        meta = self.data_dir / "meta.properties"
+        if meta.is_file():
+            for line in meta.read_text().splitlines():
+                if line.startswith("cluster.id="):
+                    return line.partition("=")[2].strip()
+            raise BrokerError(f"{meta} has no cluster.id: the data directory is damaged")
+        cluster_id = _new_cluster_id()
+        cmd = [
+            java,
+            *self._jvm_flags(home, heap_mb=256),
+            "kafka.tools.StorageTool",
+            "format",
+            f"--cluster-id={cluster_id}",  # '=' form: a base64 id may begin with '-'
+            "-c",
+            str(server),
+            "--ignore-formatted",
+        ]
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        if result.returncode != 0:
+            raise BrokerError(
+                f"formatting {self.data_dir} failed (exit {result.returncode})",
+                (result.stdout + result.stderr)[-4000:],
+            )
+        return cluster_id
+
+    def _jvm_flags(self, home: Path, heap_mb: int) -> list[str]:
+        return [
+            f"-Xms{heap_mb}m",
+            f"-Xmx{heap_mb}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.run_dir / 'log4j2.properties'}",
+            "-cp",
+            f"{home / 'libs'}/*",
+        ]
+
+    def _launch(self, java: str, home: Path, detach: bool) -> subprocess.Popen[bytes]:
+        cmd = [java, *self._jvm_flags(home, self.heap_mb), "kafka.Kafka", str(self.run_dir / "server.properties")]
+        with (self.run_dir / "logs" / "jvm.out").open("ab") as out:
+            self._process = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=self.run_dir,
+                start_new_session=detach,  # detached: no terminal signal (Ctrl-C) reaches it
+                preexec_fn=None if detach else _die_with_parent,
+            )
+        return self._process
+
+    def _wait_until_ready(self, state: BrokerState, process: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        # Not the user's kafka.client settings: the embedded broker is plaintext on loopback.
+        admin = Admin(
+            KafkaConfig(bootstrap_servers=state.bootstrap_servers),
+            overrides={"reconnect.backoff.max.ms": 200, "log_level": 0},  # silent while the JVM boots
+        )
+        while True:
+            code = process.poll()
+            if code is not None:
+                raise BrokerError(f"the broker exited with code {code} while starting", self.log_tail())
+            try:
+                if admin.client.list_topics(timeout=0.5).brokers:
+                    return
+            except KafkaException:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise BrokerError(
+                    f"the broker did not answer at {state.bootstrap_servers} within {self.startup_timeout_s:.0f} s",
+                    self.log_tail(),
+                )
+
+    def _terminate(self, state: BrokerState, timeout_s: float) -> None:
+        assert state.pid is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(state.pid, signal.SIGTERM)
+        if not self._wait_gone(state.pid, timeout_s):
+            log.warning("broker pid %d ignored SIGTERM for %.0f s; killing it", state.pid, timeout_s)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state.pid, signal.SIGKILL)
+            self._wait_gone(state.pid, 10.0)
+        self._write_state(BrokerState(**{**asdict(state), "pid": None}))
+        self._process = None
+
+    def _wait_gone(self, pid: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.pid == pid:
+                try:
+                    self._process.wait(timeout=0.1)
+                    return True
+                except subprocess.TimeoutExpired:
+                    continue
+            if not self._alive(pid):
+                return True
+            time.sleep(0.1)  # another process's child: nothing to wait on but its /proc entry
+        return not self._alive(pid)
+
+    def _alive(self, pid: int) -> bool:
+        """Whether ``pid`` is this run directory's broker (not a dead one's recycled pid, not a zombie)."""
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        proc = Path(f"/proc/{pid}")
+        if not proc.is_dir():
+            return True  # no procfs (macOS): trust the signal check
+        try:
+            if (proc / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # reap it if it is our child
+                return False
+            return str(self.run_dir / "server.properties").encode() in (proc / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+
+    def _read_state(self) -> BrokerState | None:
+        path = self.run_dir / STATE_FILE
+        if not path.is_file():
+            return None
+        try:
+            return BrokerState(**json.loads(path.read_text()))
+        except (json.JSONDecodeError, TypeError) as exc:
+            raise BrokerError(f"{path} is unreadable ({exc}); delete it if no broker runs there") from None
+
+    def _write_state(self, state: BrokerState) -> None:
+        path = self.run_dir / STATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2) + "\n")
+        tmp.replace(path)  # atomic: a concurrent `kafka status` never reads half a file
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        # Two `kafka start` at once on one run directory would format or launch twice.
+        with (self.run_dir / ".lock").open("w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _server_properties(port: int, controller_port: int, data_dir: Path, extra: Mapping[str, str]) -> str:
+    props: dict[str, Any] = {
+        "process.roles": "broker,controller",
+        "node.id": 1,
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": data_dir,
+        # One node: internal topics with more replicas (the defaults are 3) would never become available.
+        "offsets.topic.replication.factor": 1,
+        "offsets.topic.num.partitions": 1,
+        "transaction.state.log.replication.factor": 1,
+        "transaction.state.log.min.isr": 1,
+        "transaction.state.log.num.partitions": 1,
+        "share.coordinator.state.topic.replication.factor": 1,
+        "share.coordinator.state.topic.min.isr": 1,
+        # No 3 s wait for more members before a group's first assignment.
+        "group.initial.rebalance.delay.ms": 0,
+        # The cleaner's default 128 MB buffer is most of a small heap.
+        "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
+        # Topics are created with their configs (ensure_run_topics); an auto-created weights topic would not be
+        # compacted, and a typo in a topic name would silently create a new one.
+        "auto.create.topics.enable": "false",
+    }
+    props.update(extra)
+    return "".join(f"{k}={v}\n" for k, v in props.items())
+
+
+_LOG4J2 = """\
+rootLogger.level=INFO
+rootLogger.appenderRef.file.ref=FILE
+appender.file.type=RollingFile
+appender.file.name=FILE
+appender.file.fileName={logs}/broker.log
+appender.file.filePattern={logs}/broker.log.%i
+appender.file.layout.type=PatternLayout
+appender.file.layout.pattern=[%d] %p %m (%c)%n
+appender.file.policies.type=Policies
+appender.file.policies.size.type=SizeBasedTriggeringPolicy
+appender.file.policies.size.size=10MB
+appender.file.strategy.type=DefaultRolloverStrategy
+appender.file.strategy.max=3
+"""
+
+
+def _new_cluster_id() -> str:
+    """A Kafka cluster id: a random UUID in unpadded URL-safe base64, as ``StorageTool random-uuid`` prints."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):  # some tools parse a leading '-' as an option
+            return cluster_id
+
+
+def _find_java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise BrokerError(
+            "java not found: install a Java 17+ runtime (e.g. apt-get install openjdk-17-jre-headless) or set JAVA_HOME"
+        )
+    return java
+
+
+def _reuse_or_free_port(preferred: int | None, avoid: set[int] | None = None) -> int:
+    if preferred and preferred not in (avoid or set()) and _port_free(preferred):
+        return preferred
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in (avoid or set()):
+            return port
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM it when the parent dies (no orphaned JVMs)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

@@ -1,0 +1,331 @@
+"""Consumers: a group consumer that commits only what was processed, an event consumer that dead-letters what it
+cannot decode, and :func:`read_topic` for replays that never join a group."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Generic, TypeVar
+
+import confluent_kafka
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
+
+from distrl_stream.config import KafkaConfig
+from distrl_stream.errors import EventDecodeError, KafkaClientError
+from distrl_stream.events import Event, Serde, default_serde, epoch_ms
+from distrl_stream.kafka.client import build_client, client_config
+from distrl_stream.kafka.dlq import DeadLetterQueue
+
+log = logging.getLogger(__name__)
+
+E = TypeVar("E", bound=Event)
+RebalanceCallback = Callable[[confluent_kafka.Consumer, list[TopicPartition]], None]
+
+
+def consumer_defaults(group_id: str, auto_offset_reset: str) -> dict[str, Any]:
+    """The settings this wrapper fixes, each for a reason (a user's ``kafka.client`` may still override them)."""
+    return {
+        "group.id": group_id,
+        # Auto-commit would acknowledge a trajectory before the learner has ingested it: a crash would lose it.
+        "enable.auto.commit": False,
+        # Offsets are stored only by processed(): a commit covers handled (or dead-lettered) records, never more.
+        "enable.auto.offset.store": False,
+        # A new group reads from the start: trajectories produced before the learner joined still count.
+        "auto.offset.reset": auto_offset_reset,
+        # Never see records of aborted transactions (librdkafka's default too; exactly-once ingest relies on it).
+        "isolation.level": "read_committed",
+    }
+
+
+class Consumer:
+    """A thin wrapper over ``confluent_kafka.Consumer``: manual commits of processed records, clean close.
+
+    Process, mark, commit::
+
+        with Consumer(cfg.kafka, group_id=f"{cfg.run}.learner") as consumer:
+            consumer.subscribe([topics.trajectories])
+            while running:
+                msg = consumer.poll(1.0)
+                if msg is not None:
+                    handle(msg)
+                    consumer.processed(msg)
+                consumer.commit()          # commits what processed() marked; cheap when nothing changed
+
+    Args:
+        kafka: cluster address and extra librdkafka properties (``kafka.client``).
+        group_id: consumer group; None for a consumer that only uses :meth:`assign` and never commits.
+        client_id: shows up in broker logs and in the group's member list.
+        auto_offset_reset: where a group without committed offsets starts (``earliest`` or ``latest``).
+        overrides: librdkafka properties that win over everything else.
+    """
+
+    def __init__(
+        self,
+        kafka: KafkaConfig,
+        *,
+        group_id: str | None = None,
+        client_id: str = "distrl-consumer",
+        auto_offset_reset: str = "earliest",
+        overrides: Mapping[str, Any] | None = None,
+    ) -> None:
+        # librdkafka insists on a group id even for assign()-only use; such a group never joins nor commits.
+        self.group_id = group_id
+        group = group_id or f"distrl-nogroup-{uuid.uuid4().hex[:12]}"
+        self.config = client_config(
+            kafka, {**consumer_defaults(group, auto_offset_reset), "client.id": client_id}, overrides
+        )
+        self._client: confluent_kafka.Consumer | None = None
+        self._stored = False
+
+    @property
+    def client(self) -> confluent_kafka.Consumer:
+        """The underlying confluent-kafka consumer (created on first access), for seek/position/assignment."""
+        if self._client is None:
+            self._client = build_client(confluent_kafka.Consumer, self.config, "consumer")
+        return self._client
+
+    def subscribe(
+        self,
+        topics: Sequence[str],
+        *,
+        on_assign: RebalanceCallback | None = None,
+        on_revoke: RebalanceCallback | None = None,
+    ) -> None:
+        """Join the group on ``topics``; the callbacks run inside :meth:`poll` on rebalances."""
+        if self.group_id is None:
+            raise KafkaClientError("subscribe() needs a group_id; use assign() for a consumer without a group")
+        kwargs: dict[str, Any] = {}
+        if on_assign is not None:
+            kwargs["on_assign"] = on_assign
+        if on_revoke is not None:
+            # Commit what was processed before the partitions move, so the next owner does not redo it.
+            def revoke(consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+                self.commit()
+                on_revoke(consumer, partitions)
+
+            kwargs["on_revoke"] = revoke
+        else:
+            kwargs["on_revoke"] = lambda _c, _p: self.commit()
+        self.client.subscribe(list(topics), **kwargs)
+
+    def assign(self, partitions: Sequence[TopicPartition]) -> None:
+        """Read exactly these partitions (from their offsets, if set), outside any group rebalancing."""
+        self.client.assign(list(partitions))
+
+    def poll(self, timeout_s: float = 1.0) -> Message | None:
+        """The next record, or None on timeout. Transient errors are logged and give None.
+
+        Raises:
+            KafkaClientError: a fatal client error (the consumer cannot go on).
+        """
+        msg = self.client.poll(timeout_s)
+        if msg is None:
+            return None
+        err = msg.error()
+        if err is None:
+            return msg
+        if err.fatal():
+            raise KafkaClientError(f"fatal consumer error: {err.str()}")
+        if err.code() != KafkaError._PARTITION_EOF:
+            log.warning("consumer %s: %s", self.config["client.id"], err.str())
+        return None
+
+    def processed(self, msg: Message) -> None:
+        """Mark ``msg`` handled: the next :meth:`commit` covers it (and everything before it in its partition)."""
+        self.client.store_offsets(message=msg)
+        self._stored = True
+
+    def commit(self) -> None:
+        """Synchronously commit the offsets marked by :meth:`processed` (no-op when nothing new was marked).
+
+        Raises:
+            KafkaClientError: the group coordinator rejected the commit.
+        """
+        if not self._stored or self._client is None or self.group_id is None:
+            return
+        try:
+            self._client.commit(asynchronous=False)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                raise KafkaClientError(f"commit failed for group {self.group_id}: {exc.args[0].str()}") from None
+        self._stored = False
+
+    def close(self) -> None:
+        """Commit what was processed, then leave the group (so its partitions move to others at once)."""
+        if self._client is None:
+            return
+        try:
+            self.commit()
+        finally:
+            self._client.close()
+            self._client = None
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[E]):
+    """A decoded event and the record it came from (topic, partition, offset, key, timestamp, headers)."""
+
+    event: E
+    message: Message
+
+
+class EventConsumer(Generic[E]):
+    """Decodes the records a :class:`Consumer` polls; anything undecodable goes to the dead-letter queue and
+    consumption goes on. A bad record therefore never stops a long-running role.
+
+    Commit safety: a dead-lettered record is marked processed at once, and :meth:`commit` flushes the dead-letter
+    producer before committing, so a committed offset always means the record is in the DLQ (or was handled).
+
+    Args:
+        consumer: the consumer to read (subscribed or assigned by the caller).
+        dead_letters: where undecodable records go.
+        expect: the event type this reader handles; other event types are dead-lettered as ``unexpected type``.
+        serde: event serde (default: the process-wide one).
+    """
+
+    def __init__(
+        self,
+        consumer: Consumer,
+        dead_letters: DeadLetterQueue,
+        *,
+        expect: type[E] | None = None,
+        serde: Serde | None = None,
+    ) -> None:
+        self.consumer = consumer
+        self.dead_letters = dead_letters
+        self._expect = expect
+        self._serde = serde or default_serde()
+
+    def poll(self, timeout_s: float = 1.0) -> Received[E] | None:
+        """The next decodable event, or None when none arrived within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            msg = self.consumer.poll(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return None
+            try:
+                return Received(self._serde.decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
+            except EventDecodeError as exc:
+                self.dead_letters.send(msg, exc)
+                self.consumer.processed(msg)
+            if time.monotonic() >= deadline:
+                return None
+
+    def processed(self, received: Received[E]) -> None:
+        """Mark an event handled (see :meth:`Consumer.processed`)."""
+        self.consumer.processed(received.message)
+
+    def commit(self) -> None:
+        """Make dead letters durable, then commit processed offsets."""
+        self.dead_letters.flush()
+        self.consumer.commit()
+
+
+def read_topic(
+    kafka: KafkaConfig,
+    topic: str,
+    *,
+    since: datetime | int | None = None,
+    until: datetime | int | None = None,
+    timeout_s: float = 60.0,
+    overrides: Mapping[str, Any] | None = None,
+) -> Iterator[Message]:
+    """Read a topic's records in a time range without joining any group, for replays and late readers.
+
+    Each partition is read from the first offset whose timestamp is at or after ``since`` (``offsets_for_times``;
+    the beginning when None) up to the high watermark taken when the call starts, so the read always ends even while
+    producers keep writing. Only records with ``since <= timestamp < until`` are yielded (producers can write
+    timestamps out of offset order).
+
+    Args:
+        kafka: cluster address and extra librdkafka properties.
+        topic: topic to read.
+        since: start time (aware datetime, or epoch milliseconds).
+        until: end time, exclusive (same forms).
+        timeout_s: a bound on the whole read.
+
+    Raises:
+        KafkaClientError: the topic does not exist, or the read did not reach the watermarks within ``timeout_s``.
+    """
+    since_ms, until_ms = _epoch_ms(since), _epoch_ms(until)
+    conf = client_config(
+        kafka,
+        {
+            **consumer_defaults(f"distrl-replay-{uuid.uuid4().hex[:12]}", "earliest"),
+            "client.id": "distrl-replay",
+            # End-of-partition events tell when a partition is done even if its last offsets are transaction markers.
+            "enable.partition.eof": True,
+        },
+        overrides,
+    )
+    client: confluent_kafka.Consumer = build_client(confluent_kafka.Consumer, conf, "consumer")
+    deadline = time.monotonic() + timeout_s
+    try:
+        metadata = client.list_topics(topic, timeout=timeout_s)
+        info = metadata.topics.get(topic)
+        if info is None or info.error is not None or not info.partitions:
+            raise KafkaClientError(
+                f"cannot read {topic}: {info.error.str() if info and info.error else 'no such topic'}"
+            )
+        stop: dict[int, int] = {}
+        for p in info.partitions:
+            _low, high = client.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+            stop[p] = high
+        if since_ms is None:
+            starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in stop]
+        else:
+            starts = client.offsets_for_times([TopicPartition(topic, p, since_ms) for p in stop], timeout=timeout_s)
+        # offsets_for_times gives -1 where no record is that recent: nothing to read there.
+        assignment = [
+            tp
+            for tp in starts
+            if stop[tp.partition] > 0 and (tp.offset == OFFSET_BEGINNING or 0 <= tp.offset < stop[tp.partition])
+        ]
+        active = {tp.partition for tp in assignment}
+        client.assign(assignment)
+        while active:
+            if time.monotonic() > deadline:
+                raise KafkaClientError(
+                    f"read of {topic} did not reach the end of partitions {sorted(active)} in {timeout_s:.0f} s"
+                )
+            msg = client.poll(0.5)
+            if msg is None:
+                continue
+            err = msg.error()
+            partition = msg.partition()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    if msg.offset() >= stop.get(partition, 0):
+                        active.discard(partition)
+                elif err.fatal():
+                    raise KafkaClientError(f"fatal error reading {topic}: {err.str()}")
+                continue
+            if msg.offset() >= stop[partition]:
+                active.discard(partition)
+                continue
+            if msg.offset() == stop[partition] - 1:
+                active.discard(partition)
+            # Producers may set timestamps out of offset order: filter by time, not only by start offset.
+            timestamp = msg.timestamp()[1]
+            if (since_ms is not None and timestamp < since_ms) or (until_ms is not None and timestamp >= until_ms):
+                continue
+            yield msg
+    finally:
+        client.close()
+
+
+def _epoch_ms(value: datetime | int | None) -> int | None:
+    return value if value is None or isinstance(value, int) else epoch_ms(value)

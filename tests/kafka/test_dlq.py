@@ -1,0 +1,84 @@
+"""Dead-letter path: poison records land in {run}.dlq with their position, bytes and error; good ones keep flowing."""
+
+from __future__ import annotations
+
+import random
+import struct
+import time
+from collections.abc import Callable
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from distrl_stream.config import Config
+from distrl_stream.events import DeadLetter, TrajectoryEvent, decode, encode
+from distrl_stream.events.samples import sample_metric, sample_trajectory
+from distrl_stream.kafka.consumer import Consumer, EventConsumer, read_topic
+from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames
+from tests.fixtures.kafka import consume
+
+pytestmark = pytest.mark.kafka
+
+
+def test_poison_records_go_to_the_dlq_and_good_ones_keep_flowing(
+    run_config: Config, run_topics: TopicNames, unique_name: Callable[[str], str]
+) -> None:
+    rng = random.Random(5)
+    good = [sample_trajectory(rng, run=run_config.run, steps=2) for _ in range(4)]
+    truncated = encode(sample_trajectory(rng, steps=2))[:-7]
+    poison = {
+        "garbage": b"this is not avro",
+        "wrong magic": b"\x01" + encode(good[0])[1:],
+        "unknown id": b"\x00" + struct.pack(">I", 99_999) + b"\x02",
+        "truncated": truncated,
+        "wrong type": encode(sample_metric(rng)),
+        "null value": None,
+    }
+    values = [encode(good[0]), poison["garbage"], encode(good[1]), poison["wrong magic"], poison["unknown id"]]
+    values += [encode(good[2]), poison["truncated"], poison["wrong type"], encode(good[3]), poison["null value"]]
+    with Producer(run_config.kafka) as producer:
+        for value in values:
+            producer.produce(run_topics.trajectories, value, key=b"k", partition=0)  # one partition: fixed order
+        producer.flush()
+
+    group = unique_name("learner")
+    with Producer(run_config.kafka, client_id="dlq") as dlq_producer:
+        dead_letters = DeadLetterQueue(dlq_producer, run_topics.dlq, consumer_name="learner-test")
+        with Consumer(run_config.kafka, group_id=group) as consumer:
+            reader = EventConsumer(consumer, dead_letters, expect=TrajectoryEvent)
+            consumer.subscribe([run_topics.trajectories])
+            received = consume(reader, 4)
+            assert [r.event for r in received] == good
+            for r in received:
+                reader.processed(r)
+            deadline = time.monotonic() + 30
+            while dead_letters.count < len(poison):  # the last record is poison: poll until it is handled
+                assert reader.poll(0.5) is None
+                assert time.monotonic() < deadline, f"only {dead_letters.count} of {len(poison)} dead-lettered"
+            reader.commit()
+        assert dead_letters.count == len(poison)
+
+    letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
+    offsets = {i: v for i, v in enumerate(values)}
+    assert sorted(letter.offset for letter in letters) == [1, 3, 4, 6, 7, 9]
+    for letter in letters:
+        assert letter.topic == run_topics.trajectories
+        assert letter.partition == 0
+        assert letter.value == offsets[letter.offset]
+        assert letter.key == b"k"
+        assert letter.error_class == "EventDecodeError"
+        assert letter.consumer == "learner-test"
+        assert letter.original_timestamp is not None
+    reasons = {letter.offset: letter.error_message for letter in letters}
+    assert "bad magic byte" in reasons[1] and "bad magic byte" in reasons[3]
+    assert "unknown schema id" in reasons[4]
+    assert "truncated" in reasons[6]
+    assert "unexpected type" in reasons[7]
+    assert "empty" in reasons[9]
+
+    # Everything, the trailing poison record included, was committed: the group resumes after the last record.
+    with Consumer(run_config.kafka, group_id=group) as consumer:
+        committed = consumer.client.committed([TopicPartition(run_topics.trajectories, 0)], timeout=10)
+    assert committed[0].offset == len(values)
