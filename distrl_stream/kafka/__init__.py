@@ -1,0 +1,30 @@
+"""Kafka for distrl-stream: the embedded broker, thin typed clients with safe defaults, and the run's topic layout.
+
+- :mod:`.broker` / :mod:`.install`: run a single-node KRaft broker from an Apache Kafka installation.
+- :mod:`.producer`, :mod:`.consumer`, :mod:`.admin`: wrappers over confluent-kafka; every property of
+  ``Config.kafka.client`` reaches every client.
+- :mod:`.topics`: ``TopicNames(run)`` and the topic configs; :mod:`.dlq`: the dead-letter queue.
+"""
+
+from distrl_stream.kafka.admin import Admin, TopicInfo, TopicSpec
+from distrl_stream.kafka.consumer import Consumer, EventConsumer, Received, read_topic
+from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.producer import DeliveryStats, Producer
+from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
+
+__all__ = [
+    "Admin",
+    "Consumer",
+    "DeadLetterQueue",
+    "DeliveryStats",
+    "EventConsumer",
+    "Producer",
+    "Received",
+    "TopicInfo",
+    "TopicNames",
+    "TopicSpec",
+    "delete_run_topics",
+    "ensure_run_topics",
+    "read_topic",
+    "run_topic_specs",
+]
