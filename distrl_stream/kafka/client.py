@@ -35,16 +35,6 @@ def client_config(
     return conf
 
 
-def redacted(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of a client configuration safe to print: secrets masked, the logger object dropped."""
-    secret = ("password", "secret", "sasl.oauthbearer.config", "ssl.key.pem", "token")
-    return {
-        k: ("***" if any(s in k for s in secret) else v)
-        for k, v in conf.items()
-        if k not in ("logger", "error_cb", "on_delivery", "stats_cb")
-    }
-
-
 def build_client(factory: Any, conf: dict[str, Any], what: str) -> Any:
     """Construct a confluent-kafka client, turning librdkafka's rejection of the configuration into a typed error."""
     try:

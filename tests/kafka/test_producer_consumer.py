@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -68,6 +69,25 @@ def test_only_processed_and_committed_records_are_skipped_by_the_group_after_a_r
         again = consume(consumer, 4)
         assert [m.value() for m in again] == [f"m{i}".encode() for i in range(6, 10)]
         assert consumer.poll(1.0) is None
+
+
+def test_batch_consume_returns_each_partitions_records_in_order(
+    run_config: Config, make_topic: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    topic = make_topic(partitions=2)
+    with Producer(run_config.kafka) as producer:
+        for i in range(50):
+            producer.produce(topic, str(i).encode(), partition=i % 2)
+        producer.flush()
+    got: list = []
+    with Consumer(run_config.kafka, group_id=unique_name("batch")) as consumer:
+        consumer.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while len(got) < 50 and time.monotonic() < deadline:
+            got.extend(consumer.consume(20, 1.0))
+    assert len(got) == 50
+    for partition in (0, 1):
+        assert [int(m.value()) for m in got if m.partition() == partition] == list(range(partition, 50, 2))
 
 
 def test_producer_counts_failed_deliveries_and_flush_reports_them(run_config: Config) -> None:
