@@ -12,7 +12,14 @@ from distrl_stream.envs.actions import InvalidAction, parse_action
 from distrl_stream.envs.base import Task
 from distrl_stream.envs.sim import TEMPLATES, LatencyModel, SimEnv, candidate_actions, observe, sim_corpus, sim_tasks
 from distrl_stream.envs.sim.oracle import next_action as next_oracle_action
-from distrl_stream.envs.sim.templates import FIELD_PARAM, FIELD_VOCAB, field_texts, instantiate, make_task
+from distrl_stream.envs.sim.templates import (
+    FIELD_PARAM,
+    FIELD_VOCAB,
+    HORIZON_SLACK,
+    field_texts,
+    instantiate,
+    make_task,
+)
 from distrl_stream.errors import EnvError, EpisodeStateError
 
 TRAIN_PER_TEMPLATE = 15
@@ -42,7 +49,7 @@ async def run_oracle(env: SimEnv, task: Task) -> list[float]:
 
 def test_there_are_at_least_20_templates_including_multi_step_ones() -> None:
     assert len(TEMPLATES) >= 20
-    lengths = {name: max(t.horizon - 3 for t in tasks_of(name)[:5]) for name in TEMPLATES}
+    lengths = {name: max(t.horizon - HORIZON_SLACK for t in tasks_of(name)[:5]) for name in TEMPLATES}
     assert sum(length >= 5 for length in lengths.values()) >= 4, lengths
     assert max(lengths.values()) >= 7
 
@@ -236,7 +243,7 @@ def shortest_by_search(task: Task, limit: int) -> int | None:
 @pytest.mark.parametrize("template", ["turn_on_setting", "display_option", "set_alarm", "delete_alarm", "call_contact"])
 def test_oracle_path_is_a_shortest_path_over_the_candidates(template: str) -> None:
     task = make_task(template, 0, "train")
-    oracle_length = task.horizon - 3
+    oracle_length = task.horizon - HORIZON_SLACK
     assert shortest_by_search(task, oracle_length - 1) is None
     assert shortest_by_search(task, oracle_length) == oracle_length
 
