@@ -1,1 +1,4 @@
-"""The Typer application behind the `distrl-stream` command. Commands are thin: parse, build config, call the library."""
+"""The Typer application behind the `distrl-stream` command.
+
+Commands are thin: parse, build config, call the library.
+"""

@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from distrl_stream.cli.common import ConfigOption, RunOption, build_config
+from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.model import app as model_app
 from distrl_stream.cli.serve import serve
@@ -14,6 +14,7 @@ from distrl_stream.cli.topics import app as topics_app
 
 app = typer.Typer(
     name="distrl-stream",
+    cls=OneLineErrors,
     help="Asynchronous distributed RL for device-control agents (DistRL / A-RIDE) on Apache Kafka and vLLM.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

@@ -1,0 +1,75 @@
+"""Export of replayed trajectories to Parquet and JSON Lines."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from distrl_stream.analysis.export import EPISODE_SCHEMA, STEP_SCHEMA, export_format, export_trajectories
+from distrl_stream.analysis.replay import TrajectoryRecord
+from distrl_stream.errors import ConfigError
+from tests.analysis.helpers import make_record
+
+
+def _records(n: int) -> list[TrajectoryRecord]:
+    rng = random.Random(7)
+    return [
+        make_record(rng, offset=i, ended_min=i, versions=[i % 3] * (1 + i % 4), success=i % 2 == 0) for i in range(n)
+    ]
+
+
+def test_parquet_has_one_row_per_episode_with_its_facts(tmp_path: Path) -> None:
+    records = _records(5)
+    assert export_trajectories(records, tmp_path / "e.parquet") == 5
+    table = pq.read_table(tmp_path / "e.parquet")
+    assert table.schema.equals(EPISODE_SCHEMA)
+    rows = table.to_pylist()
+    assert [r["episode_id"] for r in rows] == [r.event.episode_id for r in records]
+    assert [r["length"] for r in rows] == [len(r.event.steps) for r in records]
+    assert [r["success"] for r in rows] == [True, False, True, False, True]
+    assert rows[1]["ended_at"] == records[1].event.ended_at
+
+
+def test_step_rows_keep_actions_and_token_logprobs(tmp_path: Path) -> None:
+    records = _records(4)
+    total_steps = sum(len(r.event.steps) for r in records)
+    assert export_trajectories(records, tmp_path / "s.parquet", per="step") == total_steps
+    table = pq.read_table(tmp_path / "s.parquet")
+    assert table.schema.equals(STEP_SCHEMA)
+    first = table.to_pylist()[0]
+    step = records[0].event.steps[0]
+    assert first["action_text"] == step.action_text and first["step"] == 0
+    np.testing.assert_allclose(first["token_logprobs"], step.token_logprobs.to_numpy())
+
+
+def test_jsonl_rows_match_parquet_rows(tmp_path: Path) -> None:
+    records = _records(3)
+    export_trajectories(records, tmp_path / "s.jsonl", per="step")
+    export_trajectories(records, tmp_path / "s.parquet", per="step")
+    lines = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert [r["episode_id"] for r in lines] == pq.read_table(tmp_path / "s.parquet").column("episode_id").to_pylist()
+    assert lines[0]["candidates"] == list(records[0].event.steps[0].candidates)
+
+
+def test_format_comes_from_the_suffix_or_the_flag() -> None:
+    assert export_format(Path("x.parquet"), None) == "parquet"
+    assert export_format(Path("x.jsonl"), None) == "jsonl"
+    assert export_format(Path("x.data"), "jsonl") == "jsonl"
+    with pytest.raises(ConfigError, match="--format"):
+        export_format(Path("x.csv"), None)
+
+
+def test_a_failed_export_leaves_no_file_behind(tmp_path: Path) -> None:
+    def broken() -> Iterator[TrajectoryRecord]:
+        yield from _records(2)
+        raise RuntimeError("the read failed")
+
+    with pytest.raises(RuntimeError):
+        export_trajectories(broken(), tmp_path / "e.parquet")
+    assert list(tmp_path.iterdir()) == []
