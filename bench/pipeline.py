@@ -52,6 +52,13 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - started
 
 
+def cpu_timed(fn: Callable[[], tuple[float, float]]) -> tuple[float, float, float]:
+    """(produce wall s, consume wall s, CPU s of this process, librdkafka's threads included) of one round."""
+    started = time.process_time()
+    produce_s, consume_s = fn()
+    return produce_s, consume_s, time.process_time() - started
+
+
 def consume_all(kafka: KafkaConfig, topic: str, count: int, handle: Callable[[bytes], object]) -> None:
     """Read ``count`` records of ``topic`` from the start (no group), passing each value to ``handle``."""
     from confluent_kafka import OFFSET_BEGINNING, TopicPartition
@@ -112,22 +119,28 @@ def run(kafka: KafkaConfig, n: int, rounds: int, quick: bool) -> dict[str, objec
 
     t_encode = timed(lambda: [encode(e) for e in events])
     t_decode = timed(lambda: [decode(v) for _, v in payloads])
+    cpu_started = time.process_time()
+    [decode(encode(e)) for e in events]
+    serde_cpu = time.process_time() - cpu_started
 
     admin = Admin(kafka)
     avro_rates, raw_rates, avro_phases, raw_phases = [], [], [], []
+    avro_cpu, raw_cpu = [], []
     for r in range(rounds):
         # Alternate which path goes first so drift in the machine's load does not favour one.
         order = ("raw", "avro") if r % 2 == 0 else ("avro", "raw")
         for path in order:
             topic = f"bench-{path}-{r}-{os.getpid()}"
             if path == "avro":
-                p, c = avro_round(kafka, admin, events, topic)
+                p, c, cpu = cpu_timed(lambda t=topic: avro_round(kafka, admin, events, t))
                 avro_rates.append(n / (p + c))
                 avro_phases.append((n / p, n / c))
+                avro_cpu.append(n / cpu)
             else:
-                p, c = raw_round(kafka, admin, payloads, topic)
+                p, c, cpu = cpu_timed(lambda t=topic: raw_round(kafka, admin, payloads, t))
                 raw_rates.append(n / (p + c))
                 raw_phases.append((n / p, n / c))
+                raw_cpu.append(n / cpu)
         print(f"round {r + 1}/{rounds}: avro {avro_rates[-1]:,.0f}/s  raw {raw_rates[-1]:,.0f}/s", file=sys.stderr)
 
     avro = statistics.median(avro_rates)
@@ -145,10 +158,15 @@ def run(kafka: KafkaConfig, n: int, rounds: int, quick: bool) -> dict[str, objec
             "raw_messages_per_s": round(raw, 1),
             "encode_per_s": round(n / t_encode, 1),
             "decode_per_s": round(n / t_decode, 1),
+            "serde_round_trips_per_cpu_s": round(n / serde_cpu, 1),
             "avro_produce_per_s": round(statistics.median(p for p, _ in avro_phases), 1),
             "avro_consume_per_s": round(statistics.median(c for _, c in avro_phases), 1),
             "raw_produce_per_s": round(statistics.median(p for p, _ in raw_phases), 1),
             "raw_consume_per_s": round(statistics.median(c for _, c in raw_phases), 1),
+            # Per CPU-second of the client process: what the load of other processes on a shared machine cannot skew.
+            "avro_trajectories_per_cpu_s": round(statistics.median(avro_cpu), 1),
+            "raw_messages_per_cpu_s": round(statistics.median(raw_cpu), 1),
+            "ratio_cpu": round(statistics.median(avro_cpu) / statistics.median(raw_cpu), 3),
             "ratio_rounds": [round(x, 3) for x in ratios],
             "avro_e2e_rounds": [round(x, 1) for x in avro_rates],
             "raw_e2e_rounds": [round(x, 1) for x in raw_rates],

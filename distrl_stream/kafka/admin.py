@@ -221,6 +221,8 @@ _TRANSIENT_CODES = frozenset(
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.OFFSET_NOT_AVAILABLE,  # a new leader whose high watermark is not known yet
+        KafkaError.UNKNOWN_LEADER_EPOCH,  # the client's metadata is ahead of the broker's
+        KafkaError.FENCED_LEADER_EPOCH,  # ... or behind it
         KafkaError.REQUEST_TIMED_OUT,
         KafkaError._TRANSPORT,
         KafkaError._TIMED_OUT,

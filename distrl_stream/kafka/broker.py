@@ -408,6 +408,9 @@ def _server_properties(port: int, controller_port: int, data_dir: Path, extra: M
         "share.coordinator.state.topic.min.isr": 1,
         # No 3 s wait for more members before a group's first assignment.
         "group.initial.rebalance.delay.ms": 0,
+        # The controller fences a broker whose heartbeats stop for this long; fencing the only broker (a GC pause, a
+        # laptop's sleep, a starved CPU) just makes every client fail, so be patient (default 9 s).
+        "broker.session.timeout.ms": 60_000,
         # The cleaner's default 128 MB buffer is most of a small heap.
         "log.cleaner.dedupe.buffer.size": 16 * 1024 * 1024,
         # Topics are created with their configs (ensure_run_topics); an auto-created weights topic would not be
