@@ -236,10 +236,9 @@ class EventConsumer(Generic[E]):
             try:
                 return Received(self._serde.decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
             except EventDecodeError as exc:
+                # Then go on: past the deadline the next poll waits no more, but still returns a buffered record.
                 self.dead_letters.send(msg, exc)
                 self.consumer.processed(msg)
-            if time.monotonic() >= deadline:
-                return None
 
     def processed(self, received: Received[E]) -> None:
         """Mark an event handled (see :meth:`Consumer.processed`)."""
