@@ -26,7 +26,9 @@ ConfigOption = Annotated[
     Path | None,
     typer.Option("--config", "-c", help="TOML configuration file (flags > DISTRL_* environment > file > defaults)."),
 ]
-RunOption = Annotated[str | None, typer.Option("--run", help="Run name; prefixes the run's topics. [default: demo]")]
+RunOption = Annotated[
+    str | None, typer.Option("--run", help="Run name; prefixes the run's topics.", show_default="demo")
+]
 BootstrapOption = Annotated[
     str | None,
     typer.Option(
