@@ -356,6 +356,67 @@ class EnvConfig(Section):
         return self
 
 
+class CollectorConfig(Section):
+    """The collector role: K environments acting with the served policy, publishing each finished episode."""
+
+    envs: int = Field(8, ge=1, description="K: environments one collector process runs concurrently (one event loop).")
+    mode: Literal["async", "sync"] = Field(
+        "async",
+        description="async: each env loops on its own with the newest served version (DistRL). sync: DigiRL's "
+        "multi-machine baseline: rounds of one episode per env on one version, a barrier, then a wait for the next "
+        "version.",
+    )
+    split: Literal["train", "test"] = Field(
+        "train", description="Task split episodes are drawn from (test: an evaluation collector)."
+    )
+    collector_id: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$",
+        description="Names this collector in trajectories and metrics; unique per process within a run. "
+        "None: <hostname>-<pid>.",
+    )
+    max_policy_lag: int | None = Field(
+        None,
+        ge=0,
+        description="Pause new episodes while the served version is more than this many versions behind the "
+        "learner's newest published version (read from {run}.weights). None: never pause.",
+    )
+    version_refresh_s: float = Field(
+        1.0, gt=0.0, description="How often a paused or waiting collector re-reads the served and published versions."
+    )
+    sync_version_timeout_s: float = Field(
+        600.0,
+        gt=0.0,
+        description="sync: how long to wait for the next version after a round; then the next round runs on the "
+        "version served (with a warning).",
+    )
+    on_error: Literal["publish", "drop"] = Field(
+        "publish",
+        description="Episodes ended by an inference or environment error: publish the steps done so far (termination "
+        "inference_error / env_error; never an episode without steps) or drop them. Both are counted in metrics.",
+    )
+    error_backoff_s: float = Field(
+        1.0, ge=0.0, description="Pause of an env slot after an errored episode; doubles while errors repeat."
+    )
+    error_backoff_max_s: float = Field(10.0, ge=0.0, description="Longest pause after repeated errors.")
+    shutdown_grace_s: float = Field(
+        30.0,
+        ge=0.0,
+        description="After SIGTERM/SIGINT, how long in-flight episodes may take to finish; those still running are "
+        "abandoned (never published, counted). A second signal abandons them at once.",
+    )
+    flush_timeout_s: float = Field(
+        30.0, gt=0.0, description="At exit, how long to wait for the broker to acknowledge queued trajectories."
+    )
+    metrics_interval_s: float = Field(10.0, gt=0.0, description="Seconds between MetricEvents on {run}.metrics.")
+    max_episodes: int | None = Field(
+        None, ge=1, description="Run this many episodes in all, then stop as on SIGTERM. None: until stopped."
+    )
+    duration_s: float | None = Field(
+        None, gt=0.0, description="Stop as on SIGTERM after this many seconds. None: until stopped."
+    )
+
+
 class Config(BaseSettings):
     """Root of the configuration tree."""
 
@@ -382,6 +443,7 @@ class Config(BaseSettings):
     model: ModelConfig = Field(default_factory=ModelConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    collector: CollectorConfig = Field(default_factory=CollectorConfig)
 
     @property
     def run_dir(self) -> Path:

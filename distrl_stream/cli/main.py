@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.model import app as model_app
@@ -27,6 +28,7 @@ app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")
 app.command("serve")(serve)
+app.command("collect")(collect)
 
 
 @config_app.command("show")

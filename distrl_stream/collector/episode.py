@@ -1,0 +1,185 @@
+"""One episode: reset → observe → prompt → ask the policy server → step → record, until the episode ends.
+
+This is the loop both collection modes share. It turns what the environment and the server did into the
+:class:`~distrl_stream.events.Step` records of a trajectory, exactly as the learner needs them to rebuild each
+prompt (``build_prompt(event.instruction, step.observation, [s.action_text for s in earlier steps])``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from distrl_stream.envs.base import DeviceEnv, Observation, Task
+from distrl_stream.events import Step, Tensor, Termination, utc_now
+from distrl_stream.inference.client import InferenceClient, Mode
+from distrl_stream.policy.prompt import build_prompt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How an episode went.
+
+    Attributes:
+        episode_id: its id (the trajectory's Kafka key).
+        task: the task it attempted.
+        instruction: the instruction the policy was prompted with (the first observation's).
+        started_at: when ``reset`` was called (UTC, millisecond precision).
+        ended_at: when it ended.
+        steps: the recorded steps, in order (fewer than taken only when an error cut a step short).
+        termination: success, failure, truncated, inference_error or env_error.
+        error: what went wrong, for the two error terminations.
+    """
+
+    episode_id: str
+    task: Task
+    instruction: str
+    started_at: datetime
+    ended_at: datetime
+    steps: list[Step]
+    termination: Termination
+    error: str | None = None
+
+    @property
+    def success(self) -> bool:
+        """Whether the environment judged the task done."""
+        return self.termination is Termination.SUCCESS
+
+    @property
+    def total_reward(self) -> float:
+        """Sum of the steps' rewards."""
+        return sum(step.reward for step in self.steps)
+
+
+class ScreenshotStore:
+    """Claim check for screenshots: PNG bytes go to ``folder/<sha256>.png``; steps carry the URI and the digest.
+
+    Args:
+        folder: where the files go (created on first use). Identical screens are stored once.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    async def put(self, png: bytes) -> tuple[str, str]:
+        """Store ``png`` (off the event loop) and return ``(file URI, hex sha256)``."""
+        digest = hashlib.sha256(png).hexdigest()
+        path = self.folder / f"{digest}.png"
+        if not path.exists():
+            await asyncio.to_thread(self._write, path, png)
+        return path.resolve().as_uri(), digest
+
+    def _write(self, path: Path, png: bytes) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{id(png)}.tmp")
+        tmp.write_bytes(png)
+        tmp.replace(path)  # readers never see half a file
+
+
+StepCallback = Callable[[Step], None]
+
+
+async def run_episode(
+    env: DeviceEnv,
+    task: Task,
+    policy: InferenceClient,
+    mode: Mode,
+    *,
+    episode_id: str,
+    on_step: StepCallback | None = None,
+    screenshots: ScreenshotStore | None = None,
+) -> EpisodeOutcome:
+    """Run one episode of ``task`` on ``env`` with actions from ``policy``.
+
+    In choice mode the policy picks among ``env.candidates(obs)``; a screen without candidates (an environment that
+    cannot enumerate them) is asked in free mode, and its step records no candidates. Every step records the
+    version that produced its action, so an episode may span versions.
+
+    Errors never escape: an exception from the policy ends the episode as ``inference_error``, one from the
+    environment (reset, candidates, screenshot, step) as ``env_error``; the steps completed before it are kept.
+    Cancellation (shutdown) propagates.
+
+    Args:
+        env: the environment (this call owns it until it returns).
+        task: what to do.
+        policy: the inference client.
+        mode: ``choice`` or ``free``.
+        episode_id: the id to record.
+        on_step: called with each recorded step (metrics).
+        screenshots: where observation screenshots go; None records none.
+    """
+    started_at = utc_now()
+    steps: list[Step] = []
+    previous: list[str] = []
+    instruction = task.instruction
+
+    def end(termination: Termination, error: str | None = None) -> EpisodeOutcome:
+        return EpisodeOutcome(episode_id, task, instruction, started_at, utc_now(), steps, termination, error)
+
+    try:
+        observation = await env.reset(task)
+    except Exception as exc:
+        return end(Termination.ENV_ERROR, _describe("reset", exc))
+    instruction = observation.instruction
+    while True:
+        try:
+            candidates = env.candidates(observation) if mode == "choice" else []
+            screenshot = await _screenshot(observation, screenshots)
+        except Exception as exc:
+            return end(Termination.ENV_ERROR, _describe("observe", exc))
+        prompt = build_prompt(instruction, observation.screen, previous)
+        try:
+            action = await policy.act(prompt, candidates or None, mode="choice" if candidates else "free")
+        except Exception as exc:  # InferenceError, or a malformed answer the client did not anticipate
+            return end(Termination.INFERENCE_ERROR, _describe("inference", exc))
+        try:
+            result = await env.step(action.text)
+        except Exception as exc:
+            return end(Termination.ENV_ERROR, _describe("step", exc))
+        info = result.info
+        step = Step(
+            observation=observation.screen,
+            screenshot_uri=screenshot[0] if screenshot else None,
+            screenshot_sha256=screenshot[1] if screenshot else None,
+            candidates=list(candidates),
+            action_text=action.text,
+            action=info.action_text if info.valid else "",
+            valid=info.valid,
+            invalid_reason=info.reason,
+            reward=result.reward,
+            done=result.done,
+            behaviour_logprob=action.logprob,
+            token_ids=Tensor.from_numpy(np.asarray(action.token_ids, dtype=np.int32)),
+            token_logprobs=Tensor.from_numpy(np.asarray(action.token_logprobs, dtype=np.float32)),
+            policy_version=action.version,
+            inference_latency_s=action.latency_s,
+            env_latency_s=info.latency_s,
+        )
+        steps.append(step)
+        previous.append(action.text)
+        if on_step is not None:
+            on_step(step)
+        if result.done or result.truncated:
+            if info.success:
+                return end(Termination.SUCCESS)
+            return end(Termination.TRUNCATED if result.truncated else Termination.FAILURE)
+        observation = result.observation
+
+
+async def _screenshot(observation: Observation, store: ScreenshotStore | None) -> tuple[str, str] | None:
+    if store is None or observation.screenshot is None:
+        return None
+    return await store.put(observation.screenshot)
+
+
+def _describe(where: str, exc: BaseException) -> str:
+    return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:500]

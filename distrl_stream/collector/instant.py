@@ -1,0 +1,137 @@
+"""A stand-in learner that publishes a new policy version the moment a round's trajectories are in.
+
+The synchronous baseline waits for the learner after every round, so it needs versions to keep coming. To measure
+collection alone (``bench/collection.py``) and to test round behaviour, :class:`InstantLearner` takes zero time to
+"train": it counts trajectories acted by the newest version on ``{run}.trajectories`` and, once a round's worth is
+in, publishes the next version on ``{run}.weights``, pointing at a real LoRA adapter folder, so the real weight
+watcher verifies and hot-loads it. This is the most favourable learner sync mode can have.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from distrl_stream.collector.collector import base_model_id
+from distrl_stream.config import Config, ModelConfig
+from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, decode, utc_now
+from distrl_stream.kafka.consumer import Consumer
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.policy.artifacts import atomic_dir, dir_size, sha256_dir
+
+log = logging.getLogger(__name__)
+
+
+def write_noop_adapter(model_dir: Path, out: Path, model: ModelConfig) -> Path:
+    """Write a LoRA adapter of ``model``'s shape as peft initialises it (B = 0): served, it acts as the base model.
+
+    Written atomically (readers see all of it or nothing). Needs torch and peft.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(model.seed)
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
+        LoraConfig(
+            r=model.lora_rank,
+            lora_alpha=model.lora_alpha,
+            lora_dropout=model.lora_dropout,
+            target_modules=list(model.lora_target_modules),
+        ),
+    )
+    with atomic_dir(out) as tmp:
+        peft_model.save_pretrained(tmp)
+    return out
+
+
+def publish_version(cfg: Config, producer: Producer, version: int, adapter: Path, *, consumed: int = 0) -> None:
+    """Publish ``adapter`` as ``version`` of ``cfg.model.policy_id`` on ``{run}.weights`` (queued; flush to wait)."""
+    event = WeightVersionEvent(
+        policy_id=cfg.model.policy_id,
+        version=version,
+        base_model=base_model_id(cfg.model),
+        adapter_uri=adapter.resolve().as_uri(),
+        sha256=sha256_dir(adapter),
+        size_bytes=dir_size(adapter),
+        created_at=utc_now(),
+        learner_step=0,
+        trajectories_consumed=consumed,
+    )
+    producer.produce_event(TopicNames(cfg.run).weights, event)
+
+
+class InstantLearner:
+    """Publishes version v+1 as soon as ``round_episodes`` trajectories acted by version v are on the topic.
+
+    Runs in a daemon thread; :attr:`published` lists ``(version, monotonic time)`` of each version it published.
+
+    Args:
+        cfg: run, Kafka and policy id.
+        adapter: the adapter folder every version points at (e.g. from :func:`write_noop_adapter`).
+        round_episodes: trajectories per round (the sync collectors' total number of envs).
+        start_version: the version being served when it starts.
+    """
+
+    def __init__(self, cfg: Config, adapter: Path, round_episodes: int, start_version: int = 0) -> None:
+        self.cfg = cfg
+        self.adapter = adapter
+        self.round_episodes = round_episodes
+        self.version = start_version
+        self.consumed = 0
+        self.published: list[tuple[int, float]] = []
+        self.failed: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start following the trajectories topic."""
+        self._thread = threading.Thread(target=self._run, name="instant-learner", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the thread (its clients are closed)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        try:
+            self._follow()
+        except BaseException as exc:  # reported through `failed`
+            log.exception("instant learner failed")
+            self.failed = exc
+
+    def _follow(self) -> None:
+        topics = TopicNames(self.cfg.run)
+        consumer = Consumer(self.cfg.kafka, client_id="instant-learner")
+        producer = Producer(self.cfg.kafka, client_id="instant-learner")
+        try:
+            partitions = range(self.cfg.kafka.trajectory_partitions)
+            consumer.assign([TopicPartition(topics.trajectories, p, OFFSET_BEGINNING) for p in partitions])
+            in_round = 0
+            while not self._stop.is_set():
+                msg = consumer.poll(0.2)
+                if msg is None:
+                    continue
+                event = decode(msg.value(), TrajectoryEvent)
+                self.consumed += 1
+                if event.steps and event.steps[-1].policy_version == self.version:
+                    in_round += 1
+                if in_round >= self.round_episodes:
+                    self.version += 1
+                    in_round = 0
+                    publish_version(self.cfg, producer, self.version, self.adapter, consumed=self.consumed)
+                    producer.flush(30.0)
+                    self.published.append((self.version, time.monotonic()))
+                    log.info("published version %d after %d trajectories", self.version, self.consumed)
+        finally:
+            consumer.close()
+            producer.close()
