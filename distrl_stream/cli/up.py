@@ -1,0 +1,132 @@
+"""`distrl-stream up`: a whole learning run on this machine (broker, model, vLLM, learner, collectors, monitor)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from distrl_stream.cli.common import ConfigOption, RunOption, build_config, field_option
+from distrl_stream.config import KafkaConfig
+
+
+def up(
+    config: ConfigOption = None,
+    run: RunOption = None,
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(
+            "--duration",
+            help="Seconds to run once everything is up, then stop in order (0: until Ctrl-C).",
+            min=0,
+            show_default="until Ctrl-C",
+        ),
+    ] = None,
+    collectors: Annotated[int, typer.Option("--collectors", "-n", help="Collector processes.", min=1)] = 2,
+    envs_per_collector: Annotated[int | None, field_option("collector.envs", "--envs-per-collector", min=1)] = None,
+    env: Annotated[str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android.")] = None,
+    mode: Annotated[str | None, field_option("collector.mode", "--mode", help="async or sync.")] = None,
+    action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,
+    algorithm: Annotated[str | None, field_option("learner.algorithm", "--algorithm")] = None,
+    latency: Annotated[str | None, field_option("env.latency", "--latency")] = None,
+    model: Annotated[Path | None, field_option("model.base", "--model")] = None,
+    size: Annotated[str | None, field_option("model.size", "--size")] = None,
+    bootstrap: Annotated[
+        str | None,
+        typer.Option(
+            "--bootstrap-servers",
+            "-b",
+            help="Use this Kafka cluster instead of starting the embedded broker.",
+            show_default="the embedded broker in DATA_DIR/kafka, on port 9092 when free",
+        ),
+    ] = None,
+    keep_broker: Annotated[
+        bool, typer.Option("--keep-broker", help="Leave the embedded broker running afterwards (for replays).")
+    ] = False,
+    monitor: Annotated[
+        bool, typer.Option("--monitor/--no-monitor", help="Show the live dashboard while the run goes.")
+    ] = True,
+    report: Annotated[
+        bool, typer.Option("--report/--no-report", help="Write the replay report (plots) when the run ends.")
+    ] = True,
+    startup_timeout: Annotated[
+        float, typer.Option("--startup-timeout", help="Seconds the vLLM server may take to start.", min=1)
+    ] = 600.0,
+) -> None:
+    """Run everything on this machine: the embedded Kafka, the policy model (the tiny one is built if none is
+    configured), the vLLM server with its weight watcher, the learner and N collectors, with the live monitor.
+
+    Ctrl-C (or the end of --duration, or SIGTERM) stops everything in order (collectors, learner checkpoint, server,
+    broker) and prints a summary. Child processes never outlive it. Exit code 1 if a role died.
+    """
+    flags: dict[str, Any] = {
+        "data_dir": data_dir,
+        "env": {"kind": env, "latency": latency},
+        "collector": {"envs": envs_per_collector, "mode": mode},
+        "inference": {"mode": action_mode},
+        "learner": {"algorithm": algorithm},
+        "model": {"base": model, "size": size},
+    }
+    cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
+    from distrl_stream.orchestrate import UpOptions, run_up  # process management and Kafka: not for --help
+
+    external = cfg.kafka.bootstrap_servers != KafkaConfig.model_fields["bootstrap_servers"].default
+    options = UpOptions(
+        collectors=collectors,
+        config_path=config.resolve() if config else None,
+        external_kafka=external,
+        keep_broker=keep_broker,
+        startup_timeout_s=startup_timeout,
+        collector_stop_s=cfg.collector.shutdown_grace_s + cfg.collector.flush_timeout_s + 15.0,
+    )
+    summary = run_up(cfg, options, _environment(flags), duration_s=duration or None, monitor=monitor, report=report)
+    typer.echo(_summary_text(summary, keep_broker=keep_broker, external=external))
+    if summary.failure:
+        raise typer.Exit(1)
+
+
+def _environment(flags: dict[str, Any], prefix: str = "DISTRL_") -> dict[str, str]:
+    """The flags that were given, as the DISTRL_* variables that make every child see the same values."""
+    out: dict[str, str] = {}
+    for key, value in flags.items():
+        name = f"{prefix}{key.upper()}"
+        if isinstance(value, dict):
+            out.update(_environment(value, name + "__"))
+        elif isinstance(value, Path):
+            out[name] = str(value.resolve())
+        elif value is not None:
+            out[name] = str(value)
+    return out
+
+
+def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
+    served = ", ".join(f"v{v}" for v in s.versions_served) or "none"
+    lines = [
+        f"run {s.run} {'FAILED' if s.failure else 'stopped'} after {s.ran_s:.0f} s",
+        f"  trajectories: {s.episodes} (success {100 * s.success_rate:.1f}%, {s.trajectories_per_min:.1f}/min)",
+        f"  weight versions: {s.versions_published} published, {len(s.versions_served)} served ({served})",
+        f"  learner updates: {'-' if s.learner_updates is None else s.learner_updates}",
+        f"  dead letters: {s.dead_letters}",
+        f"  data: {s.data_dir} (run files {s.run_dir}, logs {s.logs_dir}"
+        + (f", broker {s.broker_dir})" if s.broker_dir else ")"),
+    ]
+    if s.report_dir:
+        lines.append(f"  report: {s.report_dir}/summary.md and 4 plots")
+    for name, code in s.exit_codes.items():
+        if code not in (0, None):
+            lines.append(f"  {name} exited with code {code}")
+    if s.failure:
+        lines.append("failure: " + s.failure)
+    flags = f" --run {s.run}" + (
+        f" -b {s.bootstrap_servers}" if external or not s.bootstrap_servers.endswith(":9092") else ""
+    )
+    lines.append("next:")
+    if s.broker_dir and not keep_broker:
+        lines.append(
+            f"  distrl-stream kafka start --data-dir {Path(s.broker_dir).parent}   # the broker again, same address"
+        )
+    lines.append(f"  distrl-stream monitor{flags} --once")
+    lines.append(f"  distrl-stream replay report{flags}")
+    return "\n".join(lines)

@@ -1,0 +1,602 @@
+"""`distrl-stream up`: a whole run on one machine, as child processes of the real CLI commands.
+
+Start order: the embedded Kafka broker (unless a cluster is given), the run's topics, the base model (the tiny local
+model is built if none is configured), the vLLM server (``serve``, with its weight-version watcher), the learner
+(``learn``) and N collectors (``collect``). Stop order is the reverse of what depends on what: collectors first (they
+finish or abandon their episodes and flush), then the learner (it writes a final checkpoint), then the server, then
+the broker, so nothing is lost and every role sees its peers go in order.
+
+Children never outlive ``up``:
+
+- each child runs in its own process group (``start_new_session``), and stopping it signals the whole group, then
+  kills any descendant that left the group (vLLM's engine runs in a session of its own under ``serve``);
+- each child is started with Linux's parent-death signal, so even a SIGKILL of ``up`` sends them SIGTERM;
+- :meth:`LocalStack.stop` runs on every exit path (end of ``--duration``, Ctrl-C, SIGTERM, a child that died).
+
+Every child gets its configuration the way any deployment would: the user's ``--config`` file (if any) plus
+``DISTRL_*`` environment variables for what ``up`` decided (broker address, model folder, server URL, env kind...).
+Environment beats the file, so ``up``'s flags win over the file, as flags do everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO
+
+import httpx
+from rich.console import Console, RenderableType
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from distrl_stream.config import Config
+from distrl_stream.errors import DistrlError
+from distrl_stream.events import MetricEvent, decode
+from distrl_stream.inference.server import free_port
+from distrl_stream.kafka.broker import EmbeddedBroker, _die_with_parent, _port_free
+from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+
+log = logging.getLogger(__name__)
+
+# The port clients assume by default (kafka.bootstrap_servers = 127.0.0.1:9092): `up` takes it when it is free, so
+# `monitor`, `replay` and `topics` find the broker afterwards without any flag.
+DEFAULT_BROKER_PORT = 9092
+_LOG_TAIL_LINES = 25
+
+
+class UpError(DistrlError):
+    """`up` could not bring the run up, or a role died while it ran (the message names it and ends with its log)."""
+
+
+# Reports progress of a slow start: (stage, state) with state "start" | "done".
+StageCallback = Callable[[str, str], None]
+
+
+@dataclass(frozen=True)
+class UpOptions:
+    """How ``up`` runs the roles.
+
+    Attributes:
+        collectors: collector processes.
+        config_path: the user's TOML file, passed on to every child.
+        external_kafka: use ``cfg.kafka.bootstrap_servers`` as given instead of starting the embedded broker.
+        keep_broker: leave the embedded broker running after ``up`` ends (for replays right after).
+        startup_timeout_s: bound on the vLLM server's start.
+        collector_stop_s: how long collectors get after SIGTERM (their shutdown grace plus the flush).
+        learner_stop_s: how long the learner gets after SIGTERM to write its final checkpoint.
+    """
+
+    collectors: int = 2
+    config_path: Path | None = None
+    external_kafka: bool = False
+    keep_broker: bool = False
+    startup_timeout_s: float = 600.0
+    collector_stop_s: float = 60.0
+    learner_stop_s: float = 180.0
+
+
+class ChildProcess:
+    """One role as a child process in its own process group, with its output in a log file.
+
+    Args:
+        name: role instance name (``serve``, ``learner``, ``collector-0``...).
+        argv: the command line.
+        env: its environment.
+        log_path: where stdout and stderr go (appended).
+    """
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.stopping = False
+        self._family: set[int] = set()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process (own session; SIGTERM to it if this process dies)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.argv)}\n".encode())
+        self._log.flush()
+        self._proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """Process id (also its process group id)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once it ended (negative: killed by that signal), else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def running(self) -> bool:
+        """Whether it was started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def terminate(self) -> None:
+        """Send SIGTERM to its process group once (a second signal means "hurry" to some roles: never repeat it)."""
+        if self._proc is None or self.stopping:
+            return
+        self.stopping = True
+        if self._proc.poll() is None:
+            # The tree is read first: a descendant in a session of its own is reparented once its parent exits.
+            self._family = descendants(self._proc.pid)
+            _signal_group(self._proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float) -> int | None:
+        """:meth:`terminate`, wait up to ``grace_s``, then SIGKILL the group and every descendant seen.
+
+        Returns:
+            The exit code (None if it was never started).
+        """
+        if self._proc is None:
+            return None
+        self.terminate()
+        if self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, grace_s)
+                self._family |= descendants(self._proc.pid)
+        _signal_group(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        _kill_all(self._family)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self._proc.returncode
+
+    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+        """The last lines of its log."""
+        try:
+            text = self.log_path.read_bytes()[-32 * 1024 :].decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class UpSummary:
+    """What a run under ``up`` did and where its data is (also written to ``<run_dir>/up-summary.json``)."""
+
+    run: str
+    bootstrap_servers: str
+    ran_s: float = 0.0
+    episodes: int = 0
+    successes: int = 0
+    trajectories_per_min: float = 0.0
+    versions_published: int = 0
+    versions_served: list[int] = field(default_factory=list)
+    learner_updates: int | None = None
+    dead_letters: int = 0
+    exit_codes: dict[str, int | None] = field(default_factory=dict)
+    failure: str | None = None
+    data_dir: str = ""
+    run_dir: str = ""
+    broker_dir: str | None = None
+    logs_dir: str = ""
+    report_dir: str | None = None
+
+    @property
+    def success_rate(self) -> float:
+        """Fraction of episodes that succeeded."""
+        return self.successes / self.episodes if self.episodes else 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-ready form."""
+        return {**asdict(self), "success_rate": self.success_rate}
+
+
+class LocalStack:
+    """The roles of one run on this machine (see the module docstring).
+
+    Args:
+        cfg: the effective configuration of ``up`` (its flags already applied).
+        options: process layout and timeouts.
+        child_env: ``DISTRL_*`` variables ``up``'s flags set, passed to every child on top of this environment.
+    """
+
+    def __init__(self, cfg: Config, options: UpOptions, child_env: dict[str, str] | None = None) -> None:
+        self.cfg = cfg
+        self.options = options
+        self.child_env = dict(child_env or {})
+        self.topics = TopicNames(cfg.run)
+        self.logs_dir = cfg.run_dir / "logs"
+        self.broker: EmbeddedBroker | None = None
+        self.server: ChildProcess | None = None
+        self.learner: ChildProcess | None = None
+        self.collectors: list[ChildProcess] = []
+        self.server_url = ""
+        self.started_at: float | None = None
+        self._broker_was_running = False
+        self._kafka_ready = False
+
+    # -- start -------------------------------------------------------------------------------------------------
+
+    def start(self, stage: StageCallback | None = None) -> None:
+        """Bring everything up, in order; on failure everything started so far is stopped and UpError raised.
+
+        Raises:
+            UpError: a part did not start (the message says which and ends with its log tail).
+            DistrlError: the broker or the model could not be started or built.
+        """
+        stage = stage or (lambda _name, _state: None)
+        try:
+            self._start(stage)
+        except BaseException:
+            self.stop()
+            raise
+        self.started_at = time.monotonic()
+
+    def _start(self, stage: StageCallback) -> None:
+        if not self.options.external_kafka:
+            stage("Kafka broker", "start")
+            self._start_broker()
+            stage("Kafka broker", "done")
+        ensure_run_topics(self.cfg)
+        self._kafka_ready = True
+        stage("policy model", "start")
+        model_dir = self._model_dir()
+        stage("policy model", "done")
+        # The configured port when it is free (default 8000), else any: a busy port must not stop a local run.
+        port = self.cfg.inference.port
+        if not port or not _port_free(port):
+            port = free_port(self.cfg.inference.host)
+        self.server_url = f"http://{self.cfg.inference.host}:{port}"
+        self.child_env.update(
+            {
+                "DISTRL_RUN": self.cfg.run,
+                "DISTRL_DATA_DIR": str(self.cfg.data_dir.resolve()),
+                "DISTRL_KAFKA__BOOTSTRAP_SERVERS": self.cfg.kafka.bootstrap_servers,
+                "DISTRL_MODEL__BASE": str(model_dir.resolve()),
+                "DISTRL_INFERENCE__HOST": self.cfg.inference.host,
+                "DISTRL_INFERENCE__PORT": str(port),
+                "DISTRL_INFERENCE__URL": self.server_url,
+            }
+        )
+        stage("vLLM server", "start")
+        self.server = self._spawn("serve", ["serve", "--watch"])
+        self._wait_for_server()
+        stage("vLLM server", "done")
+        stage("learner", "start")
+        self.learner = self._spawn("learner", ["learn"])
+        stage("learner", "done")
+        stage(f"{self.options.collectors} collectors", "start")
+        for i in range(self.options.collectors):
+            name = f"collector-{i}"
+            self.collectors.append(self._spawn(name, ["collect", "--collector-id", name]))
+        stage(f"{self.options.collectors} collectors", "done")
+
+    def _start_broker(self) -> None:
+        b = self.cfg.broker
+        port = b.port or (DEFAULT_BROKER_PORT if _port_free(DEFAULT_BROKER_PORT) else 0)
+        self.broker = EmbeddedBroker(
+            self.cfg.data_dir / "kafka",
+            kafka_home=b.kafka_home,
+            port=port,
+            heap_mb=b.heap_mb,
+            startup_timeout_s=b.startup_timeout_s,
+            properties=b.properties,
+        )
+        self._broker_was_running = self.broker.status().running
+        bootstrap = self.broker.start(detach=self.options.keep_broker)
+        self.cfg = self.cfg.model_copy(
+            update={"kafka": self.cfg.kafka.model_copy(update={"bootstrap_servers": bootstrap})}
+        )
+
+    def _model_dir(self) -> Path:
+        from distrl_stream.inference.server import resolve_model_dir  # torch + transformers: only when building
+
+        return resolve_model_dir(self.cfg)
+
+    def _spawn(self, name: str, args: list[str]) -> ChildProcess:
+        config = ["--config", str(self.options.config_path)] if self.options.config_path else []
+        argv = [sys.executable, "-m", "distrl_stream.cli", *args[:1], *config, *args[1:]]
+        child = ChildProcess(name, argv, {**os.environ, **self.child_env}, self.logs_dir / f"{name}.log")
+        child.start()
+        log.info("%s started (pid %s), log %s", name, child.pid, child.log_path)
+        return child
+
+    def _wait_for_server(self) -> None:
+        assert self.server is not None
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while True:
+                if not self.server.running():
+                    raise UpError(
+                        f"the policy server exited with code {self.server.returncode} while starting "
+                        f"(log {self.server.log_path}):\n{self.server.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(f"{self.server_url}/v1/models").status_code == 200:
+                        return
+                if time.monotonic() > deadline:
+                    raise UpError(
+                        f"the policy server did not answer on {self.server_url} within "
+                        f"{self.options.startup_timeout_s:.0f} s (log {self.server.log_path}):\n"
+                        + self.server.log_tail()
+                    )
+                time.sleep(1.0)
+
+    # -- run ---------------------------------------------------------------------------------------------------
+
+    def children(self) -> list[ChildProcess]:
+        """Every child started, in start order."""
+        return [c for c in (self.server, self.learner, *self.collectors) if c is not None]
+
+    def failure(self) -> str | None:
+        """A description of the first child that failed on its own (None while all run or ended cleanly)."""
+        for child in self.children():
+            if not child.stopping and child.returncode not in (None, 0):
+                return f"{child.name} exited with code {child.returncode} (log {child.log_path}):\n{child.log_tail()}"
+        return None
+
+    # -- stop --------------------------------------------------------------------------------------------------
+
+    def stop(self, stage: StageCallback | None = None) -> dict[str, int | None]:
+        """Stop in order: collectors, learner (final checkpoint), server, broker. Idempotent; returns exit codes."""
+        stage = stage or (lambda _name, _state: None)
+        codes: dict[str, int | None] = {}
+        if self.collectors:
+            stage("collectors", "start")
+            for c in self.collectors:  # all at once: each has its own grace period for in-flight episodes
+                c.terminate()
+            for c in self.collectors:
+                codes[c.name] = c.stop(self.options.collector_stop_s)
+            stage("collectors", "done")
+        for child, timeout, label in (
+            (self.learner, self.options.learner_stop_s, "learner (final checkpoint)"),
+            (self.server, self.cfg.inference.stop_timeout_s + 15.0, "vLLM server"),
+        ):
+            if child is not None:
+                stage(label, "start")
+                codes[child.name] = child.stop(timeout)
+                stage(label, "done")
+        return codes
+
+    def kill(self) -> None:
+        """SIGKILL every child that is still running, with its descendants (the last resort; idempotent)."""
+        for child in self.children():
+            if child.running():
+                child.terminate()
+                child.stop(0.0)
+
+    def stop_broker(self, stage: StageCallback | None = None) -> None:
+        """Stop the embedded broker if ``up`` started it and was not asked to keep it."""
+        if self.broker is None or self.options.keep_broker or self._broker_was_running:
+            return
+        stage = stage or (lambda _name, _state: None)
+        stage("Kafka broker", "start")
+        self.broker.stop()
+        stage("Kafka broker", "done")
+
+    # -- summary -----------------------------------------------------------------------------------------------
+
+    def summarize(self, exit_codes: dict[str, int | None], failure: str | None, report: bool) -> UpSummary:
+        """Read the run back from Kafka (trajectories, weights, metrics) and write the summary (and the report).
+
+        Call it after :meth:`stop` and before :meth:`stop_broker`.
+        """
+        from distrl_stream.analysis.replay import EpisodeSummary, read_trajectories, read_weight_versions
+        from distrl_stream.analysis.stats import compute_stats
+
+        cfg = self.cfg
+        summary = UpSummary(
+            run=cfg.run,
+            bootstrap_servers=cfg.kafka.bootstrap_servers,
+            ran_s=time.monotonic() - self.started_at if self.started_at else 0.0,
+            exit_codes=exit_codes,
+            failure=failure,
+            data_dir=str(cfg.data_dir.resolve()),
+            run_dir=str(cfg.run_dir.resolve()),
+            broker_dir=str(self.broker.run_dir) if self.broker is not None else None,
+            logs_dir=str(self.logs_dir.resolve()),
+        )
+        try:
+            if not self._kafka_ready:
+                raise UpError("Kafka never came up")
+            episodes = [EpisodeSummary.from_record(r) for r in read_trajectories(cfg.kafka, cfg.run, timeout_s=120)]
+            weights = read_weight_versions(cfg.kafka, cfg.run)
+            stats = compute_stats(episodes, weights)
+            summary.episodes, summary.successes = stats.episodes, stats.successes
+            summary.trajectories_per_min = stats.trajectories_per_min
+            summary.versions_published = max((w.version for w in weights), default=0)
+            summary.versions_served, summary.learner_updates = self._served_versions()
+            summary.dead_letters = sum(1 for _ in read_topic(cfg.kafka, self.topics.dlq))
+            if report:
+                from distrl_stream.analysis.report import write_report
+
+                summary.report_dir = str(write_report(episodes, weights, cfg.run_dir / "report", run=cfg.run).directory)
+        except DistrlError as exc:
+            summary.failure = (summary.failure + "\n" if summary.failure else "") + f"summary incomplete: {exc}"
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        (cfg.run_dir / "up-summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
+        return summary
+
+    def _served_versions(self) -> tuple[list[int], int | None]:
+        """Adapter versions the policy server reported loaded, and the learner's last update count."""
+        served: set[int] = set()
+        updates: int | None = None
+        for msg in read_topic(self.cfg.kafka, self.topics.metrics):
+            with contextlib.suppress(DistrlError):
+                event = decode(msg.value(), MetricEvent)
+                if event.role == "inference" and event.labels.get("event") == "loaded":
+                    served.add(int(event.values.get("policy_version", 0)))
+                elif event.role == "learner" and "updates" in event.values:
+                    updates = max(updates or 0, int(event.values["updates"]))
+        return sorted(served), updates
+
+
+@contextlib.contextmanager
+def signals_stop(handler: Callable[[], None]) -> Iterator[None]:
+    """Run ``handler`` on SIGTERM and SIGHUP while the block runs (``up`` stops in order, as on Ctrl-C)."""
+    previous = {sig: signal.signal(sig, lambda *_: handler()) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc; empty where /proc is not available)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return set()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name (field 2) may contain spaces and parentheses: parse after its closing one.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children[ppid].append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill_all(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int | None, sig: signal.Signals) -> None:
+    if pgid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+
+
+class _Stages:
+    """Rich progress lines for the slow starts and the ordered stop (spinner, then a tick and the time taken)."""
+
+    def __init__(self, console: Console) -> None:
+        self.progress = Progress(
+            SpinnerColumn(finished_text="[green]✓[/]"),
+            TextColumn("{task.description}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._tasks: dict[str, TaskID] = {}
+
+    def __call__(self, name: str, state: str) -> None:
+        if state == "start":
+            self._tasks[name] = self.progress.add_task(name, total=1)
+        elif name in self._tasks:
+            self.progress.update(self._tasks[name], completed=1)
+
+    def __enter__(self) -> _Stages:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.stop()
+
+
+def run_up(
+    cfg: Config,
+    options: UpOptions,
+    child_env: dict[str, str],
+    *,
+    duration_s: float | None = None,
+    monitor: bool = True,
+    report: bool = True,
+    console: Console | None = None,
+) -> UpSummary:
+    """Bring the run up, show the monitor until ``duration_s`` passes, Ctrl-C, SIGTERM or a role fails, then stop
+    everything in order and summarise.
+
+    Returns:
+        The summary; ``failure`` is set when a role died or the start failed.
+    """
+    console = console or Console()
+    stack = LocalStack(cfg, options, child_env)
+    stop = threading.Event()
+    failure: list[str] = []
+
+    def supervise() -> None:
+        deadline = time.monotonic() + duration_s if duration_s else None
+        while not stop.wait(1.0):
+            problem = stack.failure()
+            if problem is not None:
+                failure.append(problem)
+                stop.set()
+            elif deadline is not None and time.monotonic() >= deadline:
+                stop.set()
+
+    with signals_stop(stop.set):
+        try:
+            with _Stages(console) as stages:
+                stack.start(stages)
+            threading.Thread(target=supervise, name="up-supervisor", daemon=True).start()
+            if monitor:
+                from distrl_stream.monitor.live import watch
+
+                watch(stack.cfg, stop, console=console, footer=lambda: _processes(stack, duration_s))
+            else:
+                console.print(f"run {stack.cfg.run} is up; stop with Ctrl-C", highlight=False)
+                stop.wait()
+        except KeyboardInterrupt:
+            pass
+        except DistrlError as exc:
+            failure.append(str(exc))
+        finally:
+            # A second Ctrl-C while stopping kills what is left at once instead of aborting the cleanup.
+            previous = signal.signal(signal.SIGINT, lambda *_: stack.kill())
+            try:
+                with _Stages(console) as stages:
+                    stages("stopping", "start")
+                    codes = stack.stop(stages)
+                    stages("stopping", "done")
+                summary = stack.summarize(codes, "\n".join(failure) or None, report)
+                stack.stop_broker()
+            finally:
+                stack.kill()
+                signal.signal(signal.SIGINT, previous)
+    return summary
+
+
+def _processes(stack: LocalStack, duration_s: float | None) -> RenderableType:
+    table = Table("process", "pid", "state", "log", box=None, pad_edge=False, title_justify="left")
+    for child in stack.children():
+        code = child.returncode
+        state = "[green]running[/]" if code is None else f"[red]exited {code}[/]" if code else "exited 0"
+        table.add_row(child.name, str(child.pid), state, str(child.log_path))
+    if stack.started_at is not None:
+        ran = time.monotonic() - stack.started_at
+        left = f", {max(0.0, duration_s - ran):.0f} s left" if duration_s else ", Ctrl-C stops everything in order"
+        table.title = f"up for {ran:.0f} s{left}"
+    return table
