@@ -10,8 +10,11 @@ from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.model import app as model_app
+from distrl_stream.cli.monitor import monitor
+from distrl_stream.cli.replay import app as replay_app
 from distrl_stream.cli.serve import serve
 from distrl_stream.cli.topics import app as topics_app
+from distrl_stream.cli.up import up
 
 app = typer.Typer(
     name="distrl-stream",
@@ -22,13 +25,17 @@ app = typer.Typer(
     add_completion=False,
 )
 
-config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
-app.add_typer(config_app, name="config")
+# Registration order is the order `--help` lists them in: the front door first, housekeeping last.
+app.command("up")(up)
+app.command("monitor")(monitor)
+app.add_typer(replay_app, name="replay")
+app.command("serve")(serve)
+app.command("collect")(collect)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")
-app.command("serve")(serve)
-app.command("collect")(collect)
+config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
 
 
 @config_app.command("show")
