@@ -36,8 +36,12 @@ def monitor(
     ] = None,
     refresh: Annotated[float, typer.Option("--refresh", help="Seconds between screen updates.", min=0.1)] = 1.0,
 ) -> None:
-    """Watch a run: trajectories/min and success rate over rolling windows, per-collector rows, policy versions and
-    lag, learner losses/ρ/entropy, inference latency, learner-group lag and dead letters."""
+    """Watch a run live: throughput, success, versions and lag, learner losses, latency, consumer lag, DLQ.
+
+    Trajectories/min and success rate over rolling windows, per-collector rows, policy versions and the lag
+    distribution, learner losses/ρ/entropy, inference latency, the learner group's lag and the dead-letter count.
+    Reads recent history first, so it attaches to a run in progress. Ctrl-C quits.
+    """
     from distrl_stream.monitor.live import snapshot_once, watch  # rich.live and Kafka clients: not for --help
     from distrl_stream.monitor.render import plain
 

@@ -55,11 +55,13 @@ def up(
         float, typer.Option("--startup-timeout", help="Seconds the vLLM server may take to start.", min=1)
     ] = 600.0,
 ) -> None:
-    """Run everything on this machine: the embedded Kafka, the policy model (the tiny one is built if none is
-    configured), the vLLM server with its weight watcher, the learner and N collectors, with the live monitor.
+    """Run a whole learning run on this machine: Kafka, model, vLLM, learner, collectors and the live monitor.
 
-    Ctrl-C (or the end of --duration, or SIGTERM) stops everything in order (collectors, learner checkpoint, server,
-    broker) and prints a summary. Child processes never outlive it. Exit code 1 if a role died.
+    Starts the embedded Kafka broker, builds the tiny policy model if none is configured, starts the vLLM server
+    with its weight watcher, the learner and N collectors, and shows the monitor.
+
+    Ctrl-C (or the end of --duration, or SIGTERM) stops everything in order: collectors, learner (final checkpoint),
+    server, broker; then prints a summary. Child processes never outlive it. Exit code 1 if a role died.
     """
     flags: dict[str, Any] = {
         "data_dir": data_dir,
