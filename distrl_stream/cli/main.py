@@ -6,6 +6,7 @@ import json
 
 import typer
 
+from distrl_stream.cli.bench import app as bench_app
 from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.kafka import app as kafka_app
@@ -34,6 +35,7 @@ app.command("collect")(collect)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")
+app.add_typer(bench_app, name="bench")
 config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")
 
