@@ -24,7 +24,12 @@ err_console = Console(stderr=True)
 
 ConfigOption = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="TOML configuration file (flags > DISTRL_* environment > file > defaults)."),
+    typer.Option(
+        "--config",
+        "-c",
+        help="TOML configuration file (flags > DISTRL_* environment > file > defaults).",
+        show_default="none: defaults and the environment",
+    ),
 ]
 RunOption = Annotated[
     str | None, typer.Option("--run", help="Run name; prefixes the run's topics.", show_default="demo")

@@ -125,7 +125,11 @@ def install(
     ),
     source: Annotated[
         Path | None,
-        typer.Option("--from", help="Install from a local release archive (.tgz) or an unpacked installation instead."),
+        typer.Option(
+            "--from",
+            help="Install from a local release archive (.tgz) or an unpacked installation instead.",
+            show_default="download from the mirrors",
+        ),
     ] = None,
     sha512: Annotated[
         Path | None,

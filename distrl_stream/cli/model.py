@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -15,7 +15,7 @@ app = typer.Typer(help="Build and inspect local policy models.", no_args_is_help
 @app.command("init")
 def init(
     directory: Annotated[Path, typer.Argument(help="Folder to write the model into (must not exist).")],
-    size: Annotated[str, typer.Option("--size", help="Model size: tiny | small.")] = "tiny",
+    size: Annotated[Literal["tiny", "small"], typer.Option("--size", help="Model size: tiny | small.")] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weight initialisation.")] = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
 ) -> None:

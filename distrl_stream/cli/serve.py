@@ -7,29 +7,32 @@ import threading
 from pathlib import Path
 from typing import Annotated, Any
 
-import typer
-
-from distrl_stream.cli.common import ConfigOption, RunOption, build_config, err_console, fail, run_command
+from distrl_stream.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    RunOption,
+    build_config,
+    err_console,
+    fail,
+    field_option,
+    run_command,
+)
 
 
 def serve(
     config: ConfigOption = None,
     run: RunOption = None,
-    model: Annotated[
-        Path | None, typer.Option("--model", help="Base model folder. [default: build the tiny model]")
-    ] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Listen address. [default: 127.0.0.1]")] = None,
-    port: Annotated[
-        int | None, typer.Option("--port", help="Listen port (0: pick a free one). [default: 8000]")
-    ] = None,
-    device: Annotated[str | None, typer.Option("--device", help="auto | cpu | gpu. [default: auto]")] = None,
-    watch: Annotated[
-        bool | None, typer.Option("--watch/--no-watch", help="Hot-load versions from {run}.weights. [default: on]")
-    ] = None,
+    model: Annotated[Path | None, field_option("model.base", "--model")] = None,
+    host: Annotated[str | None, field_option("inference.host", "--host")] = None,
+    port: Annotated[int | None, field_option("inference.port", "--port", min=0, help="0: pick a free one.")] = None,
+    device: Annotated[str | None, field_option("inference.device", "--device")] = None,
+    watch: Annotated[bool | None, field_option("inference.watch_weights", "--watch/--no-watch")] = None,
+    bootstrap: BootstrapOption = None,
 ) -> None:
     """Serve the policy with vLLM (OpenAI API) until interrupted; new weight versions are loaded as they appear."""
     overrides: dict[str, Any] = {
         "run": run,
+        "kafka": {"bootstrap_servers": bootstrap},
         "model": {"base": model},
         "inference": {"host": host, "port": port, "device": device, "watch_weights": watch},
     }
