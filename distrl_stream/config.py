@@ -205,7 +205,7 @@ class ModelConfig(Section):
         "None: build the local model of `size` into data_dir/models/<size> on first use.",
     )
     size: Literal["tiny", "small"] = Field(
-        "tiny", description="Local model to build when `base` is None: tiny ≈0.4M params, small ≈10M."
+        "tiny", description="Local model to build when `base` is None: tiny ≈0.33M params, small ≈10M."
     )
     seed: int = Field(0, description="Seed of the local model's initialisation (same seed, same files).")
     lora_rank: int = Field(8, ge=1, description="LoRA rank r; the server is started with --max-lora-rank r.")

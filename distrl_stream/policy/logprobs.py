@@ -21,7 +21,6 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-import xgrammar as xgr
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
@@ -56,6 +55,10 @@ class ChoiceConstraint:
         stop_token_ids: tokens that end a completed choice; default: what xgrammar detects (the eos token),
             as vLLM does.
         """
+        # Imported here: free mode (and a learner without choice mode) needs no xgrammar.
+        import xgrammar as xgr
+
+        self._xgr = xgr
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids) if stop_token_ids else None
         )
@@ -79,8 +82,8 @@ class ChoiceConstraint:
         """
         if not candidates:
             raise ActionConstraintError("choice mode needs at least one candidate")
-        matcher = xgr.GrammarMatcher(self._compile(tuple(candidates)))
-        bitmask = xgr.allocate_token_bitmask(max(len(token_ids), 1), self.vocab_size)
+        matcher = self._xgr.GrammarMatcher(self._compile(tuple(candidates)))
+        bitmask = self._xgr.allocate_token_bitmask(max(len(token_ids), 1), self.vocab_size)
         for i, token in enumerate(token_ids):
             matcher.fill_next_token_bitmask(bitmask, i)
             if not matcher.accept_token(int(token)):

@@ -19,6 +19,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 
 from distrl_stream.errors import ModelBuildError
 from distrl_stream.policy.artifacts import atomic_dir
+from distrl_stream.policy.prompt import build_prompt
 
 EOS_TOKEN = "<|endoftext|>"
 
@@ -39,9 +40,9 @@ class ModelSpec:
 
 
 SPECS: dict[str, ModelSpec] = {
-    # ≈0.3M parameters: tests and the CPU demo.
+    # ≈0.33M parameters (0.13M of them the tied embedding): tests and the CPU demo.
     "tiny": ModelSpec(
-        vocab_size=1024, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256
+        vocab_size=1024, hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128
     ),
     # ≈10M parameters: still seconds to build, minutes of CPU training.
     "small": ModelSpec(
@@ -50,12 +51,18 @@ SPECS: dict[str, ModelSpec] = {
 }
 
 
-def default_corpus() -> list[str]:
-    """The tokenizer's training text: rendered observations, instructions and candidate actions of the simulated
-    device, so the BPE merges cover exactly the vocabulary the policy reads and writes."""
-    from distrl_stream.envs.sim import corpus
+def default_corpus(n_tasks: int = 300) -> list[str]:
+    """The tokenizer's training text: the simulated device's vocabulary, screens, candidate actions and
+    instructions over ``n_tasks`` training tasks, plus the prompt's own frame, so the BPE merges cover what the
+    policy reads and writes. Deterministic."""
+    from distrl_stream.envs.sim import sim_corpus, sim_tasks
 
-    return list(corpus())
+    texts = list(sim_corpus(n_tasks))
+    tasks = sim_tasks("train", n_tasks)
+    texts += [t.instruction for t in tasks]
+    # Whole prompts teach the merges across the prompt's field labels and line breaks.
+    texts += [build_prompt(t.instruction, "Home", ['{"action_type":"navigate_home"}']) for t in tasks]
+    return texts
 
 
 def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
@@ -80,14 +87,12 @@ def train_tokenizer(corpus: Iterable[str], vocab_size: int) -> PreTrainedTokeniz
         show_progress=False,
     )
     tok.train_from_iterator(corpus, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, model_max_length=SPECS["tiny"].max_positions
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN)
 
 
 def build_model(
     out_dir: Path,
-    size: ModelSize = "tiny",
+    size: ModelSize | ModelSpec = "tiny",
     *,
     corpus: Iterable[str] | None = None,
     seed: int = 0,
@@ -97,7 +102,7 @@ def build_model(
 
     Args:
         out_dir: target folder; it must not exist unless ``overwrite``.
-        size: ``tiny`` (≈0.3M parameters) or ``small`` (≈10M).
+        size: ``tiny`` (≈0.33M parameters), ``small`` (≈10M), or a :class:`ModelSpec` of any other shape.
         corpus: tokenizer training texts; default :func:`default_corpus`.
         seed: seeds the weight initialisation.
         overwrite: replace an existing folder.
@@ -108,12 +113,13 @@ def build_model(
     Raises:
         ModelBuildError: unknown size, or the folder exists and ``overwrite`` is false.
     """
-    if size not in SPECS:
+    if isinstance(size, str) and size not in SPECS:
         raise ModelBuildError(f"unknown model size {size!r}; choose one of {sorted(SPECS)}")
     if out_dir.exists() and not overwrite:
         raise ModelBuildError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
-    spec = SPECS[size]
+    spec = SPECS[size] if isinstance(size, str) else size
     tokenizer = train_tokenizer(default_corpus() if corpus is None else corpus, spec.vocab_size)
+    tokenizer.model_max_length = spec.max_positions
     eos_id = tokenizer.eos_token_id
     config = Qwen2Config(
         vocab_size=len(tokenizer),
@@ -132,6 +138,11 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
+        # LoRA never trains the (tied) embedding, and its scale bounds every logit (|logit| <= |h|·|e|, with |h| ≈
+        # sqrt(hidden) after the final norm). At the default std 0.02 a LoRA-trained tiny policy could not put more
+        # than ~0.9 on one of three tokens; unit-norm rows lift that bound while the untrained policy keeps a high
+        # entropy (logits ~ N(0, 1)).
+        torch.nn.init.normal_(model.model.embed_tokens.weight, std=spec.hidden_size**-0.5)
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     if out_dir.exists():
         shutil.rmtree(out_dir)

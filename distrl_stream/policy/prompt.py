@@ -6,7 +6,11 @@ randomness, no global state), versioned by :data:`PROMPT_VERSION`. The action is
 trailing newline.
 
 Size: the tiny model serves at most 512 tokens (prompt + action), so the observation is cut to
-``max_observation_chars`` (the end is marked) and only the last ``max_previous`` actions are shown.
+``max_observation_chars`` (the end is marked), the instruction and each previous action are cut too, and only the
+last ``max_previous`` actions are shown.
+
+Environments give the observation as ``Observation.screen`` (the screen title, then one line per element) and the
+instruction as ``Observation.instruction``.
 """
 
 from __future__ import annotations
@@ -16,10 +20,13 @@ from collections.abc import Sequence
 # Bump when the format changes: a policy trained on one format is not comparable with another.
 PROMPT_VERSION = 1
 
-MAX_OBSERVATION_CHARS = 1200
-MAX_INSTRUCTION_CHARS = 300
+# Sized so that a prompt at every cap, in the simulator's vocabulary, plus the longest candidate action, fits the
+# tiny model's 512 tokens (≈2.8 characters per token; see tests/policy/test_prompt.py). Text the tokenizer never saw
+# costs more tokens per character: serve such environments with a real model and a larger max_model_len.
+MAX_OBSERVATION_CHARS = 900
+MAX_INSTRUCTION_CHARS = 200
 MAX_PREVIOUS = 3
-MAX_ACTION_CHARS = 120
+MAX_ACTION_CHARS = 80
 TRUNCATION_MARK = "…"
 
 
