@@ -1,0 +1,117 @@
+"""`up`'s process management: children and their descendants never outlive a stop, or `up` itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from distrl_stream.config import load_config
+from distrl_stream.orchestrate import ChildProcess, LocalStack, UpOptions, descendants
+
+# A child that starts a grandchild in a session of its own (as `serve` does with vLLM), prints its pid, and waits.
+FAMILY = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    print(f"pid={grandchild.pid}", flush=True)
+    time.sleep(300)
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def _wait_for(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _grandchild_pid(log: Path) -> int:
+    pid = re.compile(r"^pid=(\d+)$", re.MULTILINE)
+    assert _wait_for(lambda: pid.search(log.read_text()) is not None), log.read_text()
+    return int(pid.search(log.read_text()).group(1))
+
+
+def test_stop_ends_the_child_and_a_descendant_in_its_own_session(tmp_path: Path) -> None:
+    child = ChildProcess("family", [sys.executable, "-c", FAMILY], dict(os.environ), tmp_path / "family.log")
+    child.start()
+    grandchild = _grandchild_pid(child.log_path)
+    assert grandchild in descendants(child.pid)
+    child.stop(5.0)
+    assert not child.running()
+    assert _wait_for(lambda: not _alive(grandchild)), "the grandchild outlived the stop"
+
+
+def test_a_child_that_ignores_sigterm_is_killed_after_its_grace(tmp_path: Path) -> None:
+    stubborn = (
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "print('sig' + 'term ignored', flush=True); time.sleep(300)"
+    )
+    child = ChildProcess("stubborn", [sys.executable, "-c", stubborn], dict(os.environ), tmp_path / "s.log")
+    child.start()
+    assert _wait_for(lambda: "sigterm ignored" in child.log_path.read_text())
+    started = time.monotonic()
+    assert child.stop(0.5) == -signal.SIGKILL
+    assert time.monotonic() - started < 10
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    # A stand-in for `up` that gets SIGKILL (no cleanup can run): the parent-death signal still ends its child.
+    parent_code = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pathlib import Path
+        from distrl_stream.orchestrate import ChildProcess
+        child = ChildProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(300)"], dict(os.environ),
+                             Path({str(tmp_path / "sleeper.log")!r}))
+        child.start()
+        print(child.pid, flush=True)
+        time.sleep(300)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert _alive(child_pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert _wait_for(lambda: not _alive(child_pid)), "the child outlived its killed parent"
+
+
+def test_a_crashed_role_is_reported_with_its_log(tmp_path: Path) -> None:
+    stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
+    crash = "import sys; print('bad things', flush=True); sys.exit(3)"
+    stack.collectors = [
+        ChildProcess("collector-0", [sys.executable, "-c", crash], dict(os.environ), tmp_path / "c.log")
+    ]
+    stack.collectors[0].start()
+    assert _wait_for(lambda: stack.failure() is not None)
+    failure = stack.failure()
+    assert failure is not None and "collector-0 exited with code 3" in failure and "bad things" in failure
+    assert stack.stop()["collector-0"] == 3
+
+
+def test_a_child_that_ends_cleanly_is_no_failure(tmp_path: Path) -> None:
+    stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
+    stack.learner = ChildProcess("learner", [sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "l.log")
+    stack.learner.start()
+    assert _wait_for(lambda: stack.learner.returncode is not None)
+    assert stack.failure() is None
