@@ -43,21 +43,30 @@ def serve(
     stop = threading.Event()
     # SIGTERM (docker stop, kill) must stop vLLM's process group just as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    err_console.print(f"starting vLLM ({server.device}) on {server.url}, log {server.log_path}", highlight=False)
-    run_command(server.start)
+    err_console.print(f"starting vLLM ({server.device}), log {server.log_path}", highlight=False)
     watcher = None
     try:
+        run_command(server.start)
         if cfg.inference.watch_weights:
             from distrl_stream.inference.versions import WeightWatcher
 
             watcher = WeightWatcher(cfg, server_url=server.url)
             watcher.start()
         err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
+        shown, refused = 0, 0
         while not stop.wait(1.0):
             if not server.running():
                 fail(f"vLLM server exited unexpectedly (log: {server.log_path})\n{server.log_tail()}")
-            if watcher is not None and watcher.failed is not None:
+            if watcher is None:
+                continue
+            if watcher.failed is not None:
                 fail(f"weight watcher stopped: {watcher.failed}")
+            if watcher.newest_version != shown:
+                shown = watcher.newest_version
+                err_console.print(f"now serving {cfg.model.policy_id}-v{shown}", highlight=False)
+            for version, reason in watcher.refused[refused:]:
+                err_console.print(f"[bold red]refused[/] version {version}: {reason}", highlight=False)
+            refused = len(watcher.refused)
     except KeyboardInterrupt:
         pass
     finally:
