@@ -25,6 +25,7 @@ from distrl_stream.cli.common import (
     build_config,
     err_console,
     fail,
+    field_option,
     parse_time,
     progress_bar,
     run_command,
@@ -228,6 +229,7 @@ def report(
     config: ConfigOption = None,
     run: RunOption = None,
     bootstrap: BootstrapOption = None,
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
     since: SinceOption = None,
     until: UntilOption = None,
     partition: PartitionOption = None,
@@ -238,7 +240,7 @@ def report(
     """PNG plots (success and trajectories over time, version-lag histogram, length by task) and a summary.md."""
     from distrl_stream.analysis.report import write_report
 
-    cfg = _config(config, run, bootstrap)
+    cfg = build_config(config, run=run, data_dir=data_dir, kafka={"bootstrap_servers": bootstrap})
     selection = _selection(since, until, partition, start_offset, end_offset)
     episodes = _read_episodes(cfg, selection, timeout)
     weights = run_command(read_weight_versions, cfg.kafka, cfg.run)

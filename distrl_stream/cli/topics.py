@@ -10,22 +10,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from distrl_stream.cli.common import ConfigOption, RunOption, build_config, fail, run_command
+from distrl_stream.cli.common import BootstrapOption, ConfigOption, RunOption, build_config, fail, run_command
 from distrl_stream.config import Config
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.topics import TOPIC_KINDS, TopicNames, delete_run_topics, ensure_run_topics
 
 app = typer.Typer(help="List, create, describe and delete the Kafka topics of a run.", no_args_is_help=True)
 
-BootstrapOption = Annotated[
-    str | None,
-    typer.Option(
-        "--bootstrap-servers",
-        "-b",
-        help="Kafka bootstrap servers (host:port,...).",
-        show_default="127.0.0.1:9092, or DISTRL_KAFKA__BOOTSTRAP_SERVERS",
-    ),
-]
 TimeoutOption = Annotated[float, typer.Option("--timeout", help="Seconds to wait for each answer from the cluster.")]
 
 

@@ -57,7 +57,8 @@ def _latency_line(s: Snapshot) -> str:
 
 def _header(s: Snapshot) -> str:
     since = f"data since {s.first_event_at:%H:%M:%S}" if s.first_event_at else "no metric events yet"
-    return f"run {s.run}   {s.at:%Y-%m-%d %H:%M:%S} UTC   {s.events_seen} metric events, {since}"
+    ended = f", run ended: rates as of its last report at {s.rates_at:%H:%M:%S}" if s.rates_at != s.at else ""
+    return f"run {s.run}   {s.at:%Y-%m-%d %H:%M:%S} UTC   {s.events_seen} metric events, {since}{ended}"
 
 
 def plain(s: Snapshot) -> str:

@@ -144,6 +144,7 @@ class Snapshot:
     at: datetime
     events_seen: int
     first_event_at: datetime | None
+    rates_at: datetime
     windows: list[WindowRate]
     episodes_total: int
     success_total: float | None
@@ -171,6 +172,7 @@ class Snapshot:
             "at": self.at.isoformat(),
             "events_seen": self.events_seen,
             "first_event_at": self.first_event_at.isoformat() if self.first_event_at else None,
+            "rates_at": self.rates_at.isoformat(),
             "windows": [vars(w) for w in self.windows],
             "episodes_total": self.episodes_total,
             "success_total": self.success_total,
@@ -201,6 +203,7 @@ class MonitorState:
         self.windows_s = tuple(sorted(windows_s))
         self.events_seen = 0
         self.first_event_at: datetime | None = None
+        self.last_event_at: datetime | None = None
         self._sources: dict[tuple[str, str], _Source] = {}
         self._episodes: dict[str, _Counter] = {}
         self._successes: dict[str, _Counter] = {}
@@ -214,6 +217,7 @@ class MonitorState:
         self.events_seen += 1
         t = event.timestamp
         self.first_event_at = t if self.first_event_at is None else min(self.first_event_at, t)
+        self.last_event_at = t if self.last_event_at is None else max(self.last_event_at, t)
         key = (event.role, event.source_id)
         source = self._sources.get(key)
         if source is None:
@@ -251,6 +255,13 @@ class MonitorState:
         learners = [s for s in self._sources.values() if s.role == "learner"]
         servers = [s for s in self._sources.values() if s.role == "inference"]
         rows = [self._collector_row(s, now) for s in sorted(collectors, key=lambda s: s.source_id)]
+        # A finished run (every collector stopped or silent) is shown as of its last report, not as an idle now.
+        ended = bool(rows) and all(r.status in ("stopped", "stale") for r in rows)
+        rates_at = self.last_event_at if ended and self.last_event_at is not None else now
+        if rates_at != now:
+            rows = [
+                self._collector_row(s, rates_at, status_at=now) for s in sorted(collectors, key=lambda s: s.source_id)
+            ]
         total = sum(c.latest for c in self._episodes.values())
         successes = sum(c.latest for c in self._successes.values())
         learner_values = {s.source_id: dict(s.values) for s in sorted(learners, key=lambda s: s.source_id)}
@@ -266,7 +277,8 @@ class MonitorState:
             at=now,
             events_seen=self.events_seen,
             first_event_at=self.first_event_at,
-            windows=[self._window(w, now) for w in self.windows_s],
+            rates_at=rates_at,
+            windows=[self._window(w, rates_at) for w in self.windows_s],
             episodes_total=int(total),
             success_total=successes / total if total else None,
             collectors=rows,
@@ -292,7 +304,7 @@ class MonitorState:
         per_min = 60.0 * episodes / span if span > 0 else 0.0
         return WindowRate(window_s, per_min, episodes, successes / episodes if episodes > 0 else None)
 
-    def _collector_row(self, source: _Source, now: datetime) -> CollectorRow:
+    def _collector_row(self, source: _Source, now: datetime, status_at: datetime | None = None) -> CollectorRow:
         v = source.values
         short = self.windows_s[0] if self.windows_s else 60.0
         start = now - timedelta(seconds=short)
@@ -303,7 +315,7 @@ class MonitorState:
         span = min(short, (now - episodes.began).total_seconds()) if episodes and episodes.began else 0.0
         return CollectorRow(
             source_id=source.source_id,
-            status=_status(source, now),
+            status=_status(source, status_at or now),
             episodes=int(episodes.latest) if episodes else 0,
             per_min=60.0 * done / span if span > 0 else 0.0,
             success=won / done if done > 0 else None,
