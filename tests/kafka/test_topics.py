@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from distrl_stream.config import Config
+from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
 
@@ -14,8 +14,8 @@ def test_topic_names_are_prefixed_by_the_run() -> None:
     assert names.all() == ("exp-1.trajectories", "exp-1.weights", "exp-1.metrics", "exp-1.dlq")
 
 
-def test_specs_follow_the_kafka_section(run_config: Config) -> None:
-    cfg = run_config.kafka.model_copy(update={"trajectory_partitions": 6, "replication_factor": 3})
+def test_specs_follow_the_kafka_section() -> None:
+    cfg = KafkaConfig(trajectory_partitions=6, replication_factor=3)
     specs = {s.name.rpartition(".")[2]: s for s in run_topic_specs("r", cfg)}
     assert specs["trajectories"].partitions == 6
     assert {s.replication_factor for s in specs.values()} == {3}
