@@ -188,6 +188,39 @@ class LearnerConfig(Section):
         100, ge=1, description="Updates between learner checkpoints. Source: ours."
     )
     seed: int = Field(0, description="Seed of the learner's sampling and initialisation. Source: ours.")
+    round_episodes: int = Field(
+        0,
+        ge=0,
+        description="Round mode (synchronous baseline, DigiRL's multi-machine scheme) when > 0: wait for this many "
+        "new trajectories acted by the current version, do updates_per_version updates, publish one version, "
+        "repeat. 0: asynchronous (update whenever the buffer holds min_buffer_episodes).",
+    )
+    init_adapter: Path | None = Field(
+        None,
+        description="Warm start: a peft LoRA adapter folder (the LoRA shape of the model section) the policy starts "
+        "from; published as the first version at start. None: a fresh adapter (the base model's behaviour).",
+    )
+    max_updates: int = Field(
+        0, ge=0, description="Stop after this many updates (checkpoint, exit). 0: run until stopped."
+    )
+    metrics_interval_s: float = Field(5.0, gt=0.0, description="Seconds between learner MetricEvents.")
+    ingest_queue_episodes: int = Field(
+        2000,
+        ge=1,
+        description="Decoded trajectories waiting for the trainer; above it the reader pauses its partitions (it "
+        "keeps polling, so the group never times it out).",
+    )
+    feature_cache_size: int = Field(
+        100_000, ge=0, description="Prompts whose frozen-base critic features are cached (the base never changes)."
+    )
+    checkpoint_keep: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
+    member_id: str = Field(
+        "0",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="This learner's id in the group {run}.learner; names its checkpoint folder, so keep it stable "
+        "across restarts.",
+    )
+    threads: int = Field(0, ge=0, description="torch CPU threads of the learner (0: torch's default).")
 
 
 class ModelConfig(Section):

@@ -118,3 +118,19 @@ class JudgeError(DistrlError):
 
 class ActionConstraintError(DistrlError):
     """An action's tokens are impossible under the choice constraint they were said to be sampled with."""
+
+
+# --- learner role (issue 7) ---
+
+
+class LearnerError(DistrlError):
+    """The learner role cannot go on: bad warm-start adapter, unusable replay source, failed publish."""
+
+
+class TrajectoryError(LearnerError):
+    """A decodable trajectory event that is not a usable episode (no steps, no action tokens, a step marked done
+    before the last, non-finite numbers). The learner dead-letters it and goes on."""
+
+
+class CheckpointError(LearnerError):
+    """A learner checkpoint is missing a part, is malformed, or belongs to another run or model shape."""

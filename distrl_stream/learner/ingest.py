@@ -1,0 +1,342 @@
+"""Ingest: trajectories from ``{run}.trajectories`` into the learner, in a reader thread.
+
+The reader is a member of the consumer group ``{run}.learner``. It polls, decodes (Avro) and converts each record
+into an :class:`~distrl_stream.learner.buffer.EpisodeRecord` on its own thread and queues it for the trainer, which
+drains the queue between updates without waiting. So a long update never keeps the consumer from polling (it polls
+every 0.2 s whatever the trainer does: ``max.poll.interval.ms`` is never at risk), and decoding never stalls an
+update. When the queue holds ``ingest_queue_episodes`` the reader pauses its partitions and keeps polling; it resumes
+below half of that.
+
+Offsets: the trainer *accepts* each queued record (:meth:`TrajectoryReader.accept`) before it uses it; the accepted
+positions are what a checkpoint stores and what the reader seeks to when a partition is assigned after a restart
+(``on_assign``), so a record is used exactly once across restarts. The group's committed offsets follow the
+checkpoints (:meth:`TrajectoryReader.commit`), and a partition taken away by a rebalance is committed at the accepted
+position on revocation, so the next owner continues exactly there.
+
+Records that cannot be decoded, or decode into something that is not a usable episode (:func:`episode_from_event`
+raises :class:`~distrl_stream.errors.TrajectoryError`), go to ``{run}.dlq`` with the reason; they still reach the
+trainer as dead entries so their offsets advance with the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+import confluent_kafka
+from confluent_kafka import Message, TopicPartition
+
+from distrl_stream.config import Config
+from distrl_stream.errors import EventDecodeError, TrajectoryError
+from distrl_stream.events import Termination, TrajectoryEvent, default_serde
+from distrl_stream.kafka.consumer import Consumer
+from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.learner.buffer import EpisodeRecord, StepRecord
+
+log = logging.getLogger(__name__)
+
+# Episodes that ended without a verdict: the learner never trains on them (their last value is unknown).
+INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENCE_ERROR, Termination.ABANDONED})
+
+
+def learner_group(run: str) -> str:
+    """The consumer group of a run's learners: ``{run}.learner``."""
+    return f"{run}.learner"
+
+
+def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
+    """Convert a trajectory event into the learner's episode record.
+
+    ``done`` follows DESIGN §5: True only on a terminal last step (success, failure, or a ``status`` action); a
+    truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates are
+    kept only in choice mode (free-mode log-probs use the whole vocabulary).
+
+    Raises:
+        TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
+            before the last, token ids that are not a 1-D integer array, or a non-finite reward or log-prob.
+    """
+    if not event.steps:
+        raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
+    if event.mode not in ("choice", "free"):
+        raise TrajectoryError(f"episode {event.episode_id!r} has unknown mode {event.mode!r}")
+    last = len(event.steps) - 1
+    steps = []
+    for t, step in enumerate(event.steps):
+        where = f"episode {event.episode_id!r} step {t}"
+        if step.done and t != last:
+            raise TrajectoryError(f"{where} is marked done before the last step")
+        ids = step.token_ids.to_numpy()
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
+            raise TrajectoryError(f"{where}: token_ids must be a non-empty 1-D integer array ({ids.dtype}{ids.shape})")
+        if ids.min() < 0:
+            raise TrajectoryError(f"{where}: negative token id")
+        token_logprobs = step.token_logprobs.to_numpy().astype(float)
+        if not (math.isfinite(step.reward) and math.isfinite(step.behaviour_logprob)):
+            raise TrajectoryError(f"{where}: non-finite reward or behaviour log-prob")
+        if step.policy_version < 0:
+            raise TrajectoryError(f"{where}: negative policy version {step.policy_version}")
+        if event.mode == "choice" and not step.candidates:
+            raise TrajectoryError(f"{where}: choice mode without candidates")
+        steps.append(
+            StepRecord(
+                observation=step.observation,
+                candidates=tuple(step.candidates) if event.mode == "choice" else (),
+                action_text=step.action_text,
+                action=step.action,
+                valid=step.valid,
+                reward=float(step.reward),
+                done=bool(step.done) and t == last and event.termination != Termination.TRUNCATED,
+                behaviour_logprob=float(step.behaviour_logprob),
+                token_ids=tuple(int(i) for i in ids),
+                token_logprobs=tuple(float(x) for x in token_logprobs),
+                policy_version=int(step.policy_version),
+            )
+        )
+    return EpisodeRecord(
+        episode_id=event.episode_id,
+        task_id=event.task_id,
+        instruction=event.instruction,
+        success=bool(event.success),
+        termination=str(event.termination),
+        steps=tuple(steps),
+        mode=event.mode,
+        collector_id=event.collector_id,
+        env_kind=event.env_kind,
+        task_template=event.task_template,
+        split=event.split,
+    )
+
+
+class EntryKind(StrEnum):
+    """What a queued record turned out to be."""
+
+    EPISODE = "episode"  # a usable episode (the trainer may still drop it as stale or incomplete)
+    DEAD = "dead"  # undecodable or not an episode: sent to the DLQ
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record of ``{run}.trajectories`` as the reader hands it to the trainer.
+
+    Attributes:
+        partition: its partition.
+        offset: its offset.
+        episode_id: the episode id (the record key for dead entries; "" when there was none).
+        kind: episode or dead.
+        episode: the converted episode (None for dead entries).
+        termination: the episode's termination (None for dead entries).
+    """
+
+    partition: int
+    offset: int
+    episode_id: str
+    kind: EntryKind
+    episode: EpisodeRecord | None = None
+    termination: Termination | None = None
+
+
+def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> Entry:
+    """Decode and convert one record; what cannot be used is dead-lettered (when ``dead_letters`` is given)."""
+    key = msg.key()
+    key_text = key.decode(errors="replace") if key else ""
+    try:
+        event = default_serde().decode(msg.value(), TrajectoryEvent)
+        assert isinstance(event, TrajectoryEvent)  # decode(expect=...) guarantees it
+        episode = episode_from_event(event)
+    except (EventDecodeError, TrajectoryError) as exc:
+        if dead_letters is not None:
+            dead_letters.send(msg, exc)
+        return Entry(msg.partition() or 0, msg.offset() or 0, key_text, EntryKind.DEAD)
+    partition, offset = msg.partition() or 0, msg.offset() or 0
+    return Entry(partition, offset, episode.episode_id, EntryKind.EPISODE, episode, event.termination)
+
+
+class TrajectoryReader:
+    """The learner's consumer of ``{run}.trajectories`` in a background thread (see the module docstring).
+
+    Args:
+        cfg: run, Kafka and learner settings.
+        member_id: this learner's id in the group (client id, DLQ consumer name).
+        start_offsets: partition -> next offset to read, from the checkpoint; partitions not listed start from the
+            group's committed offset (or the beginning).
+    """
+
+    def __init__(self, cfg: Config, member_id: str, start_offsets: Mapping[int, int] | None = None) -> None:
+        self.cfg = cfg
+        self.member_id = member_id
+        self.topics = TopicNames(cfg.run)
+        self.failed: BaseException | None = None
+        self.dead_lettered = 0
+        self.ready = threading.Event()  # set once the first partitions are assigned
+        self._positions: dict[int, int] = dict(start_offsets or {})
+        self._assigned: set[int] = set()
+        self._queue: deque[Entry] = deque()
+        self._cond = threading.Condition()
+        self._pending_commit: dict[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._paused = False
+        self._producer: Producer | None = None
+
+    # -- trainer side ------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Join the group and start reading in a daemon thread."""
+        self._thread = threading.Thread(target=self._run, name=f"ingest-{self.member_id}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Leave the group (committing nothing beyond what :meth:`commit` asked for) and wait for the thread."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+    def drain(self, max_entries: int | None = None) -> list[Entry]:
+        """Take up to ``max_entries`` queued entries without waiting (oldest first)."""
+        with self._cond:
+            n = len(self._queue) if max_entries is None else min(max_entries, len(self._queue))
+            return [self._queue.popleft() for _ in range(n)]
+
+    def wait(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for queued entries; True when some are there."""
+        with self._cond:
+            if not self._queue and not self._stop.is_set():
+                self._cond.wait(timeout_s)
+            return bool(self._queue)
+
+    @property
+    def queued(self) -> int:
+        """Entries waiting for the trainer."""
+        return len(self._queue)
+
+    def accept(self, entry: Entry) -> bool:
+        """Claim ``entry`` for the trainer: its partition's position moves past it.
+
+        Returns:
+            False when its partition was revoked meanwhile (another member now owns it; the trainer must not use
+            it), else True.
+        """
+        with self._cond:
+            if entry.partition not in self._assigned:
+                return False
+            self._positions[entry.partition] = entry.offset + 1
+            return True
+
+    def positions(self) -> dict[int, int]:
+        """Partition -> next offset after the last accepted entry (what a checkpoint stores)."""
+        with self._cond:
+            return dict(self._positions)
+
+    def flush_dead_letters(self, timeout_s: float = 30.0) -> None:
+        """Wait until every dead letter sent so far is acknowledged (before a checkpoint moves past them).
+
+        Raises:
+            KafkaClientError: some are still undelivered after ``timeout_s``.
+        """
+        producer = self._producer
+        if producer is not None:
+            producer.flush(timeout_s)
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Ask the reader thread to commit these offsets (of a checkpoint) to the group."""
+        with self._cond:
+            self._pending_commit = dict(offsets)
+
+    # -- reader thread -----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._read()
+        except BaseException as exc:  # reported through `failed`; the learner stops on it
+            log.exception("trajectory reader failed")
+            self.failed = exc
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _read(self) -> None:
+        ensure_run_topics(self.cfg)
+        producer = self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-dlq")
+        consumer = Consumer(self.cfg.kafka, group_id=learner_group(self.cfg.run), client_id=f"learner-{self.member_id}")
+        dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{learner_group(self.cfg.run)}/{self.member_id}")
+        limit = self.cfg.learner.ingest_queue_episodes
+        try:
+            consumer.subscribe([self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            while not self._stop.is_set():
+                self._commit_pending(consumer.client)
+                self._flow_control(consumer.client, limit)
+                batch = consumer.consume(256, 0.2)
+                entries = [entry_from_message(msg, dead_letters) for msg in batch]
+                self.dead_lettered = dead_letters.count
+                if entries:
+                    with self._cond:
+                        owned = [e for e in entries if e.partition in self._assigned]
+                        self._queue.extend(owned)
+                        self._cond.notify_all()
+                producer.poll(0)
+            self._commit_pending(consumer.client)
+        finally:
+            consumer.close()
+            producer.close()
+            self._producer = None
+
+    def _flow_control(self, client: confluent_kafka.Consumer, limit: int) -> None:
+        queued = self.queued
+        if not self._paused and queued >= limit:
+            client.pause(client.assignment())
+            self._paused = True
+        elif self._paused and queued < max(limit // 2, 1):
+            client.resume(client.assignment())
+            self._paused = False
+
+    def _commit_pending(self, client: confluent_kafka.Consumer) -> None:
+        with self._cond:
+            offsets, self._pending_commit = self._pending_commit, None
+            owned = {p: o for p, o in (offsets or {}).items() if p in self._assigned}
+        if owned:
+            self._commit(client, owned)
+
+    def _commit(self, client: confluent_kafka.Consumer, offsets: Mapping[int, int]) -> None:
+        tps = [TopicPartition(self.topics.trajectories, p, o) for p, o in sorted(offsets.items())]
+        try:
+            client.commit(offsets=tps, asynchronous=False)
+        except confluent_kafka.KafkaException as exc:
+            # Committed offsets only guide other members; the checkpoint stays the source of truth.
+            log.warning("learner %s: commit of %s failed: %s", self.member_id, dict(offsets), exc)
+
+    def _on_assign(self, client: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+        with self._cond:
+            for tp in partitions:
+                if tp.partition in self._positions:
+                    tp.offset = self._positions[tp.partition]
+                self._assigned.add(tp.partition)
+        # Assigning here with offsets set is how a rebalance callback chooses where reading starts.
+        client.assign(partitions)
+        self._paused = False
+        log.info("learner %s assigned %s", self.member_id, [(tp.partition, tp.offset) for tp in partitions])
+        self.ready.set()
+
+    def _on_revoke(self, client: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+        revoked = {tp.partition for tp in partitions}
+        with self._cond:
+            self._assigned -= revoked
+            kept = [e for e in self._queue if e.partition not in revoked]
+            self._queue.clear()
+            self._queue.extend(kept)
+            handover = {p: o for p, o in self._positions.items() if p in revoked}
+            for p in revoked:
+                self._positions.pop(p, None)
+        if handover:
+            # The next owner continues exactly after what this member used.
+            self._commit(client, handover)
+        log.info("learner %s revoked %s", self.member_id, sorted(revoked))

@@ -1,0 +1,489 @@
+"""The learner's update: one A-RIDE step (DESIGN §5), or a baseline's, on whole episodes from the replay buffer.
+
+Read :meth:`Trainer.aride_update` against DESIGN §5: it is the update of docs/learner.md line for line. The pieces:
+
+- the policy is the base model + a peft LoRA adapter whose shape (rank, α, target modules) is ``[model]``'s, the
+  shape the inference server accepts (:func:`load_policy`);
+- log π(a_t|s_t) and the per-token entropy come from :func:`distrl_stream.policy.logprobs.action_logprobs` on the
+  very prompt the collector sent (:func:`step_prompt`), under the same choice constraint as the server in choice mode;
+- V(s_t) is the step critic on the frozen base model's prompt features, cached per prompt (:class:`FeatureCache`:
+  the base never changes, so neither do the features);
+- the DPER priorities of the sampled episodes are refreshed after every update and all of them every
+  ``priority_refresh_interval`` updates.
+
+The baselines run in the same class: ``digirl`` (trajectory-critic filter + binarised doubly-robust step advantage),
+``filtered_bc`` (imitate successful episodes) and ``bc`` (imitate every episode: the offline warm start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from distrl_stream.config import LearnerConfig, ModelConfig
+from distrl_stream.errors import ActionConstraintError, LearnerError
+from distrl_stream.learner import aride
+from distrl_stream.learner.buffer import EpisodeRecord, ReplayBuffer, collate, is_beta, trajectory_priorities
+from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
+from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
+from distrl_stream.policy.prompt import build_prompt
+
+log = logging.getLogger(__name__)
+
+Algorithm = Literal["aride", "digirl", "filtered_bc", "bc"]
+ALGORITHMS: tuple[str, ...] = ("aride", "digirl", "filtered_bc", "bc")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Policy model
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def lora_config(model: ModelConfig) -> LoraConfig:
+    """The LoRA shape of ``[model]``: what the learner trains and the server (``--max-lora-rank``) accepts."""
+    return LoraConfig(
+        r=model.lora_rank,
+        lora_alpha=model.lora_alpha,
+        lora_dropout=model.lora_dropout,
+        target_modules=list(model.lora_target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def load_policy(
+    model_dir: Path, model: ModelConfig, adapter: Path | None = None
+) -> tuple[PeftModel, PreTrainedTokenizerBase]:
+    """The trainable policy: the base model in float32 plus a LoRA adapter (fresh, or loaded from ``adapter``).
+
+    Args:
+        model_dir: the base model folder (the one the server serves).
+        model: LoRA shape and policy id.
+        adapter: a peft adapter folder to start from (warm start or checkpoint); None for a fresh adapter, which
+            leaves the base model's behaviour unchanged (peft initialises B = 0).
+
+    Raises:
+        LearnerError: the adapter folder is not a peft LoRA adapter, or its rank exceeds ``model.lora_rank`` (the
+            server would refuse to load its versions).
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if adapter is None:
+        return get_peft_model(base, lora_config(model)), tokenizer
+    config_file = adapter / "adapter_config.json"
+    try:
+        adapter_cfg = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise LearnerError(f"{adapter} is not a peft adapter folder ({config_file}: {exc})") from None
+    rank = int(adapter_cfg.get("r", 0))
+    if adapter_cfg.get("peft_type") != "LORA" or not 0 < rank <= model.lora_rank:
+        raise LearnerError(
+            f"adapter {adapter}: peft_type {adapter_cfg.get('peft_type')!r} rank {rank}; the learner needs a LoRA "
+            f"adapter of rank <= model.lora_rank ({model.lora_rank}), which the server accepts"
+        )
+    return PeftModel.from_pretrained(base, adapter, is_trainable=True), tokenizer
+
+
+def step_prompt(episode: EpisodeRecord, t: int) -> str:
+    """The prompt the policy saw at step ``t`` (the collector's, rebuilt with the one prompt format)."""
+    return build_prompt(episode.instruction, episode.steps[t].observation, episode.previous_actions(t))
+
+
+class FeatureCache:
+    """Frozen-base prompt features for the critics, computed once per prompt (LRU, ``size`` prompts).
+
+    The features come from the base model with the adapter off, which never changes while the policy learns, so a
+    cached feature is never stale.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, size: int) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.size = size
+        self._cache: OrderedDict[str, Tensor] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, prompts: Sequence[str]) -> Tensor:
+        """``[len(prompts), hidden]`` features, no gradient."""
+        missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
+        fresh = dict(zip(missing, prompt_features(self.model, self.tokenizer, missing), strict=True)) if missing else {}
+        self.misses += len(missing)
+        self.hits += len(prompts) - len(missing)
+        rows = []
+        for p in prompts:
+            row = fresh.get(p)
+            if row is None:
+                row = self._cache[p]
+                self._cache.move_to_end(p)
+            rows.append(row)
+        for p, row in fresh.items():
+            self._cache[p] = row
+        while len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+        return torch.stack(rows) if rows else torch.zeros(0, self.model.config.hidden_size)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Trainer
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Policy, critics, optimisers and replay buffer of one learner, and the update of each algorithm.
+
+    Args:
+        cfg: the learner's hyper-parameters.
+        model: the policy (:func:`load_policy`).
+        tokenizer: its tokenizer.
+        temperature: the sampling temperature the server uses (log π is recomputed with it).
+    """
+
+    def __init__(
+        self,
+        cfg: LearnerConfig,
+        model: PeftModel,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        temperature: float = 1.0,
+    ) -> None:
+        self.cfg = cfg
+        self.model = model
+        self.tokenizer = tokenizer
+        self.temperature = temperature
+        torch.manual_seed(cfg.seed)
+        hidden = model.config.hidden_size
+        self.step_critic = StepCritic(hidden, cfg.critic_hidden)
+        self.traj_critic = TrajectoryCritic(hidden, cfg.critic_hidden)
+        self.policy_params = [p for p in model.parameters() if p.requires_grad]
+        if not self.policy_params:
+            raise LearnerError("the policy has no trainable parameters (was the adapter loaded for inference only?)")
+        self.critic_params = [*self.step_critic.parameters(), *self.traj_critic.parameters()]
+        optimiser = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
+        self.policy_opt = optimiser(self.policy_params, lr=cfg.policy_lr)
+        self.critic_opt = optimiser(self.critic_params, lr=cfg.critic_lr)
+        self.buffer = ReplayBuffer(cfg.buffer_capacity_steps, cfg.dper_alpha, seed=cfg.seed)
+        self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size)
+        self.constraint = ChoiceConstraint(tokenizer, model.config.vocab_size)
+        self.updates = 0
+        self.rejected = 0  # episodes removed because their tokens are impossible under their candidates
+        self.version = 0  # the learner's current policy version (lag = version − behaviour version)
+
+    # -- buffer --------------------------------------------------------------------------------------------------
+
+    def ready(self) -> bool:
+        """Whether the buffer holds enough episodes for an update."""
+        return len(self.buffer) >= self.cfg.min_buffer_episodes
+
+    # -- the update ----------------------------------------------------------------------------------------------
+
+    def update(self, algorithm: Algorithm | None = None) -> dict[str, float] | None:
+        """One update of ``algorithm`` (default ``cfg.algorithm``) on a batch from the buffer.
+
+        Returns:
+            The update's statistics, or None when there was nothing to learn from (empty buffer; no successful
+            episode yet for filtered BC; a batch with an episode whose tokens are impossible under its candidates,
+            which is removed from the buffer and counted in ``rejected``).
+        """
+        algorithm = algorithm or self.cfg.algorithm
+        if len(self.buffer) == 0:
+            return None
+        try:
+            if algorithm == "aride":
+                stats = self.aride_update()
+            elif algorithm == "digirl":
+                stats = self.digirl_update()
+            elif algorithm in ("filtered_bc", "bc"):
+                stats = self.bc_update(filtered=algorithm == "filtered_bc")
+            else:
+                raise LearnerError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+        except ActionConstraintError as exc:
+            log.warning("batch has an impossible action (%s); removing the episodes that hold one", exc)
+            self.policy_opt.zero_grad(set_to_none=True)
+            self.critic_opt.zero_grad(set_to_none=True)
+            self._reject_impossible()
+            return None
+        if stats is None:
+            return None
+        self.updates += 1
+        if algorithm == "aride" and self.updates % self.cfg.priority_refresh_interval == 0:
+            stats["priorities_refreshed"] = float(self.refresh_priorities())
+        return stats
+
+    def aride_update(self) -> dict[str, float]:
+        """One A-RIDE update (DESIGN §5) on a DPER sample; refreshes the sampled episodes' priorities."""
+        cfg = self.cfg
+        beta = is_beta(self.updates, cfg.is_beta_start, cfg.is_beta_end, cfg.is_beta_anneal_updates)
+        sample = self.buffer.sample(cfg.batch_episodes, beta=beta)
+        batch = collate(sample.episodes)
+        logp, entropy = self.policy_terms(sample.episodes, batch.mask)  # [B, T], with gradient
+        value_logits = aride.pad_steps(self.step_critic(self.step_features(sample.episodes)), batch.mask)
+        values = torch.sigmoid(value_logits).detach()
+        bootstrap = self.bootstrap_values(sample.episodes)
+        rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
+        v_ret = aride.retrace_targets(
+            batch.rewards, values, bootstrap, batch.done, rhos, batch.mask, cfg.gamma, cfg.retrace_lambda, cfg.c_bar
+        )
+        adv = aride.advantages(batch.rewards, values, v_ret, bootstrap, batch.done, batch.mask, cfg.gamma)
+        pl = aride.policy_loss(
+            logp,
+            rhos,
+            adv,
+            entropy,
+            batch.invalid,
+            batch.mask,
+            cfg.rho_bar,
+            cfg.entropy_coef,
+            cfg.invalid_penalty,
+            episode_weights=sample.is_weights,
+        )
+        vl = aride.critic_loss(value_logits, v_ret, batch.mask, sample.is_weights, kind=cfg.critic_loss)
+        loss = pl.loss + vl
+        if cfg.trajectory_critic:
+            loss = loss + self._trajectory_critic_loss(sample.episodes)
+        grads = self._step(loss)
+        deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
+        priorities = trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
+        self.buffer.update_priorities(sample.keys, priorities)
+        return {
+            "loss_policy": pl.loss.item(),
+            "loss_pg": pl.pg.item(),
+            "loss_critic": vl.item(),
+            "entropy": pl.entropy.item(),
+            "invalid_logp": pl.invalid.item(),
+            **aride.rho_stats(rhos, batch.mask, cfg.rho_bar),
+            **_prefixed("advantage", aride.masked_stats(adv, batch.mask)),
+            "value_error": float(aride.masked_mean((values - v_ret).abs(), batch.mask)),
+            "value_mean": float(aride.masked_mean(values, batch.mask)),
+            "is_weight_mean": float(sample.is_weights.mean()),
+            "sampled_priority_mean": float(priorities.mean()),
+            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **grads,
+        }
+
+    def digirl_update(self) -> dict[str, float] | None:
+        """DigiRL-style update: keep the top quantile of the buffer by 1{success} − V_traj, draw uniformly among
+        them, and raise log π where the binarised doubly-robust step advantage is positive. Both critics learn."""
+        cfg = self.cfg
+        keys = self.buffer.keys()
+        episodes = [self.buffer.get(k) for k in keys]
+        first = self.features([step_prompt(e, 0) for e in episodes])
+        success = torch.tensor([e.success for e in episodes], dtype=torch.bool)
+        with torch.no_grad():
+            traj_adv = aride.trajectory_advantages(success, self.traj_critic.value(first))
+        keep = aride.top_quantile_mask(traj_adv, cfg.digirl_quantile)
+        kept = [k for k, m in zip(keys, keep.tolist(), strict=True) if m]
+        sample = self.buffer.sample_uniform(cfg.batch_episodes, among=kept)
+        batch = collate(sample.episodes)
+        logp, _entropy = self.policy_terms(sample.episodes, batch.mask)
+        value_logits = aride.pad_steps(self.step_critic(self.step_features(sample.episodes)), batch.mask)
+        values = torch.sigmoid(value_logits).detach()
+        bootstrap = self.bootstrap_values(sample.episodes)
+        step_adv = aride.digirl_step_advantages(
+            batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma, cfg.digirl_lambda
+        )
+        pg = aride.digirl_policy_loss(logp, step_adv, batch.mask, torch.ones(len(sample.keys), dtype=torch.bool))
+        rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
+        v_ret = aride.retrace_targets(
+            batch.rewards, values, bootstrap, batch.done, rhos, batch.mask, cfg.gamma, cfg.retrace_lambda, cfg.c_bar
+        )
+        vl = aride.critic_loss(value_logits, v_ret, batch.mask, kind=cfg.critic_loss)
+        # V_traj learns from the whole buffer (a uniform draw), not only from what its own filter kept.
+        pick = torch.as_tensor(self.buffer.rng.integers(0, len(keys), size=cfg.batch_episodes))
+        tl = self.traj_critic.loss(first[pick], success[pick])
+        grads = self._step(pg + vl + tl)
+        return {
+            "loss_policy": pg.item(),
+            "loss_critic": vl.item(),
+            "loss_traj_critic": tl.item(),
+            "kept_fraction": float(keep.float().mean()),
+            "positive_advantage_frac": float(aride.masked_mean(step_adv, batch.mask)),
+            **aride.rho_stats(rhos, batch.mask, cfg.rho_bar),
+            "value_error": float(aride.masked_mean((values - v_ret).abs(), batch.mask)),
+            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **grads,
+        }
+
+    def bc_update(self, *, filtered: bool) -> dict[str, float] | None:
+        """Behaviour cloning: −E[log π] over successful episodes (``filtered``) or over all (the warm start)."""
+        cfg = self.cfg
+        among = [k for k, e in self.buffer.items() if e.success] if filtered else None
+        if among is not None and not among:
+            return None
+        sample = self.buffer.sample_uniform(cfg.batch_episodes, among=among)
+        batch = collate(sample.episodes)
+        logp, entropy = self.policy_terms(sample.episodes, batch.mask)
+        imitate = batch.success if filtered else torch.ones_like(batch.success)
+        loss = aride.filtered_bc_loss(logp, batch.mask, imitate)
+        grads = self._step(loss)
+        return {
+            "loss_policy": loss.item(),
+            "entropy": float(aride.masked_mean(entropy.detach(), batch.mask)),
+            "logp_mean": float(aride.masked_mean(logp.detach(), batch.mask)),
+            "imitated_fraction": float(len(among) / len(self.buffer)) if among is not None else 1.0,
+            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **grads,
+        }
+
+    # -- pieces of the update ------------------------------------------------------------------------------------
+
+    def policy_terms(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor]:
+        """log π(a_t|s_t) (sum over the action's tokens) and the mean per-token entropy of π over the action's
+        positions, for every step of ``episodes``, in the ``[B, T]`` layout (differentiable).
+
+        Raises:
+            ActionConstraintError: a choice-mode action whose tokens the candidates' grammar forbids.
+        """
+        prompts: list[str] = []
+        token_ids: list[tuple[int, ...]] = []
+        candidates: list[list[str] | None] = []
+        for episode in episodes:
+            for t, step in enumerate(episode.steps):
+                prompts.append(step_prompt(episode, t))
+                token_ids.append(step.token_ids)
+                candidates.append(list(step.candidates) if episode.mode == "choice" else None)
+        out = action_logprobs(
+            self.model,
+            self.tokenizer,
+            prompts,
+            token_ids,
+            candidates if any(c is not None for c in candidates) else None,
+            temperature=self.temperature,
+            constraint=self.constraint,
+        )
+        per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
+        return aride.pad_steps(out.logprob, mask), aride.pad_steps(per_step_entropy, mask)
+
+    def step_features(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
+        """Critic features of every step, flat and episode-major (``[N, hidden]``)."""
+        return self.features([step_prompt(e, t) for e in episodes for t in range(len(e))])
+
+    def bootstrap_values(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
+        """V(s_L) after each episode's last step: the critic's value of the final observation of a truncated
+        episode that recorded one, else 0 (docs/learner.md: the horizon is the task's own deadline)."""
+        out = torch.zeros(len(episodes))
+        rows = [i for i, e in enumerate(episodes) if not e.terminal and e.final_observation is not None and len(e) > 0]
+        if rows:
+            # The final screen with the full history: previous_actions(L) includes the last action.
+            prompts = [
+                build_prompt(
+                    episodes[i].instruction,
+                    episodes[i].final_observation or "",
+                    episodes[i].previous_actions(len(episodes[i])),
+                )
+                for i in rows
+            ]
+            with torch.no_grad():
+                out[rows] = self.step_critic.value(self.features(prompts))
+        return out
+
+    def _trajectory_critic_loss(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
+        first = self.features([step_prompt(e, 0) for e in episodes])
+        return self.traj_critic.loss(first, torch.tensor([e.success for e in episodes]))
+
+    def _step(self, loss: Tensor) -> dict[str, float]:
+        """Backpropagate, clip the policy's and the critics' gradients to max_grad_norm each, step both."""
+        self.policy_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        policy_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, self.cfg.max_grad_norm)
+        critic_norm = torch.nn.utils.clip_grad_norm_(self.critic_params, self.cfg.max_grad_norm)
+        self.policy_opt.step()
+        self.critic_opt.step()
+        return {"grad_norm_policy": float(policy_norm), "grad_norm_critic": float(critic_norm)}
+
+    def _batch_stats(self, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:
+        lag = (self.version - versions[mask]).float()
+        return {
+            "batch_lag_mean": float(lag.mean()) if lag.numel() else 0.0,
+            "batch_lag_max": float(lag.max()) if lag.numel() else 0.0,
+            "batch_success": float(success.float().mean()) if success.numel() else 0.0,
+        }
+
+    # -- priorities ----------------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def episode_priorities(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
+        """DPER priorities p(τ) of ``episodes`` under the current policy and critic (no gradient)."""
+        cfg = self.cfg
+        batch = collate(episodes)
+        logp, _ = self.policy_terms(episodes, batch.mask)
+        values = aride.pad_steps(self.step_critic.value(self.step_features(episodes)), batch.mask)
+        bootstrap = self.bootstrap_values(episodes)
+        rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
+        deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
+        return trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
+
+    def refresh_priorities(self) -> int:
+        """Recompute every held episode's priority; returns how many were updated."""
+        return self.buffer.refresh_all(lambda _keys, episodes: self.episode_priorities(episodes), batch_size=32)
+
+    def _reject_impossible(self) -> None:
+        """Remove every held episode whose tokens are impossible under its candidates (checked one by one)."""
+        bad = []
+        for key, episode in self.buffer.items():
+            if episode.mode != "choice":
+                continue
+            try:
+                for step in episode.steps:
+                    self.constraint.allowed(step.candidates, step.token_ids)
+            except ActionConstraintError:
+                bad.append(key)
+        for episode in self.buffer.remove(bad):
+            log.warning("removed episode %s: its actions were not sampled under its candidates", episode.episode_id)
+        self.rejected += len(bad)
+
+    # -- persistence ---------------------------------------------------------------------------------------------
+
+    def save_adapter(self, path: Path) -> None:
+        """Write the LoRA adapter (peft format, what vLLM loads) into the folder ``path``."""
+        self.model.save_pretrained(path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Critics, optimisers, counters and random state (the adapter and the buffer are saved separately)."""
+        return {
+            "step_critic": self.step_critic.state_dict(),
+            "traj_critic": self.traj_critic.state_dict(),
+            "policy_opt": self.policy_opt.state_dict(),
+            "critic_opt": self.critic_opt.state_dict(),
+            "updates": self.updates,
+            "rejected": self.rejected,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (the policy must already hold the checkpoint's adapter)."""
+        self.step_critic.load_state_dict(state["step_critic"])
+        self.traj_critic.load_state_dict(state["traj_critic"])
+        self.policy_opt.load_state_dict(state["policy_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.updates = int(state["updates"])
+        self.rejected = int(state["rejected"])
+        torch.set_rng_state(state["torch_rng"])
+
+    def buffer_stats(self) -> dict[str, float]:
+        """Fill and priority statistics of the replay buffer."""
+        priorities = np.array([self.buffer.priority(k) for k in self.buffer]) if len(self.buffer) else None
+        return {
+            "buffer_episodes": float(len(self.buffer)),
+            "buffer_steps": float(self.buffer.num_steps),
+            "buffer_fill": self.buffer.num_steps / self.buffer.capacity,
+            "buffer_evicted": float(self.buffer.episodes_evicted),
+            "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
+            "priority_max": float(priorities.max()) if priorities is not None else 0.0,
+            "priority_min": float(priorities.min()) if priorities is not None else 0.0,
+        }
+
+
+def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:
+    return {f"{prefix}_{k}": v for k, v in stats.items() if math.isfinite(v)}
