@@ -10,6 +10,7 @@ from distrl_stream.cli.bench import app as bench_app
 from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.kafka import app as kafka_app
+from distrl_stream.cli.learn import learn
 from distrl_stream.cli.model import app as model_app
 from distrl_stream.cli.monitor import monitor
 from distrl_stream.cli.replay import app as replay_app
@@ -32,6 +33,7 @@ app.command("monitor")(monitor)
 app.add_typer(replay_app, name="replay")
 app.command("serve")(serve)
 app.command("collect")(collect)
+app.command("learn")(learn)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")

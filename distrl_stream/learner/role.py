@@ -1,0 +1,558 @@
+"""The learner role: ingest → replay buffer → updates → weight versions, with checkpoints and metrics.
+
+::
+
+    learner = Learner(cfg)           # nothing starts yet
+    learner.start()                  # restore the last checkpoint (or warm start), join the group
+    learner.run(stop_event)          # until stop_event is set or learner.max_updates; then a final checkpoint
+    learner.close()
+
+The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
+
+1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than ``max_policy_lag``
+   versions behind) or incomplete, put the rest in the replay buffer, and write every record to the ingest log;
+2. when the buffer holds ``min_buffer_episodes`` (async) — or, in round mode, when ``round_episodes`` trajectories
+   of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`);
+3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
+   store and THEN publish a WeightVersionEvent on ``{run}.weights``;
+4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
+5. every ``metrics_interval_s`` publish a MetricEvent (role ``learner``) on ``{run}.metrics``.
+
+Version numbers never repeat: after a restart the counter continues from the larger of the checkpoint's and the
+newest adapter in the artifact store (a version published after the last checkpoint keeps its number).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from distrl_stream.config import Config
+from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
+from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
+from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.learner.buffer import EpisodeRecord, ReplayBuffer
+from distrl_stream.learner.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointStore,
+    IngestLog,
+    learner_dir,
+    read_json,
+    write_json,
+)
+from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
+from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
+from distrl_stream.policy.artifacts import atomic_dir, dir_size, sha256_dir
+
+log = logging.getLogger(__name__)
+
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+# Update statistics copied into each WeightVersionEvent's metrics summary.
+_SUMMARY_KEYS = ("loss_policy", "loss_critic", "entropy", "rho_mean", "value_error", "batch_success")
+
+
+def artifacts_dir(cfg: Config) -> Path:
+    """Where the policy's adapter versions live: ``{run_dir}/artifacts/<policy_id>``."""
+    return cfg.run_dir / "artifacts" / cfg.model.policy_id
+
+
+def adapter_dir(cfg: Config, version: int) -> Path:
+    """The artifact folder of one version: ``{run_dir}/artifacts/<policy_id>/v<NNNNNN>``."""
+    return artifacts_dir(cfg) / f"v{version:06d}"
+
+
+def newest_artifact_version(cfg: Config) -> int:
+    """The highest version with a complete adapter folder in the artifact store (0 when none)."""
+    root = artifacts_dir(cfg)
+    if not root.is_dir():
+        return 0
+    found = [int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))]
+    return max(found, default=0)
+
+
+@dataclass
+class Counters:
+    """What the learner has done, cumulative over restarts (saved in checkpoints)."""
+
+    ingested: int = 0  # episodes put in the buffer
+    stale: int = 0  # dropped: older than max_policy_lag versions
+    incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
+    dead: int = 0  # undecodable or unusable records (dead-lettered)
+    rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
+    replayed: int = 0  # episodes loaded from another run's topic (--from-replay)
+    published: int = 0  # weight versions published
+
+    def as_dict(self) -> dict[str, int]:
+        """Plain form for checkpoints."""
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Window:
+    """Measurements between two metric events."""
+
+    started: float = field(default_factory=time.monotonic)
+    updates: int = 0
+    stats: dict[str, list[float]] = field(default_factory=dict)
+    lags: list[int] = field(default_factory=list)
+
+    def add(self, stats: dict[str, float]) -> None:
+        self.updates += 1
+        for k, v in stats.items():
+            self.stats.setdefault(k, []).append(v)
+
+    def means(self) -> dict[str, float]:
+        return {k: float(np.mean(v)) for k, v in self.stats.items()}
+
+
+class Learner:
+    """One member of the learner group ``{run}.learner`` (see the module docstring).
+
+    Args:
+        cfg: the configuration (``learner``, ``model``, ``inference.temperature``, ``kafka``, ``run``, ``data_dir``).
+        model_dir: the base model folder; default what the server serves (``model.base`` or the local model,
+            built on first use).
+    """
+
+    def __init__(self, cfg: Config, *, model_dir: Path | None = None) -> None:
+        self.cfg = cfg
+        self.settings = cfg.learner
+        self.member_id = cfg.learner.member_id
+        self.topics = TopicNames(cfg.run)
+        self.dir = learner_dir(cfg.run_dir, self.member_id)
+        self.store = CheckpointStore(self.dir / "checkpoints", cfg.learner.checkpoint_keep)
+        self.ingest_log = IngestLog(self.dir / "ingested.log")
+        self.counters = Counters()
+        self.version = 0
+        self.restored_from: Path | None = None
+        self._model_dir = model_dir
+        self._trainer: Trainer | None = None
+        self._reader: TrajectoryReader | None = None
+        self._producer: Producer | None = None
+        self._start_offsets: dict[int, int] = {}
+        self._window = _Window()
+        self._last_stats: dict[str, float] = {}
+        self._round_new = 0  # round mode: trajectories of the current version since the last publish
+        self._round_updates_left = 0
+        self._dirty = False  # something happened since the last checkpoint
+
+    # -- lifecycle -----------------------------------------------------------------------------------------------
+
+    @property
+    def trainer(self) -> Trainer:
+        """The trainer (after :meth:`start`)."""
+        if self._trainer is None:
+            raise LearnerError("learner not started: call start() first")
+        return self._trainer
+
+    def start(
+        self, *, from_replay: str | None = None, replay_updates: int = 0, replay_algorithm: Algorithm = "bc"
+    ) -> None:
+        """Restore the last checkpoint, or start fresh (optionally pre-training offline on another run's topic).
+
+        Args:
+            from_replay: a run whose ``{run}.trajectories`` to pre-train on (read by assign + offsets, never joining
+                a group); ignored when resuming from a checkpoint (the checkpoint already holds its effect).
+            replay_updates: updates of the offline phase.
+            replay_algorithm: the offline update rule (``bc`` clones every replayed episode).
+
+        Raises:
+            CheckpointError: the latest checkpoint is unusable.
+            LearnerError: a bad warm-start adapter, or a replay topic with no usable episodes.
+        """
+        if self.settings.threads:
+            torch.set_num_threads(self.settings.threads)
+        ensure_run_topics(self.cfg)
+        self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
+        model_dir = self._model_dir or _resolve_model_dir(self.cfg)
+        self._model_dir = model_dir
+        checkpoint = self.store.latest()
+        if checkpoint is not None:
+            self._restore(checkpoint, model_dir)
+            return
+        self.ingest_log.truncate(0)  # records of a run that died before its first checkpoint are re-read
+        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter)
+        self._trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        self.version = newest_artifact_version(self.cfg)
+        self.trainer.version = self.version
+        if from_replay is not None:
+            self.pretrain(from_replay, replay_updates, replay_algorithm)
+        if self.settings.init_adapter is not None or from_replay is not None:
+            self.publish()
+            self.checkpoint()
+
+    def _restore(self, checkpoint: Path, model_dir: Path) -> None:
+        state = read_json(checkpoint / "state.json")
+        if state.get("format") != CHECKPOINT_FORMAT or state.get("run") != self.cfg.run:
+            raise CheckpointError(
+                f"checkpoint {checkpoint} is format {state.get('format')!r} of run {state.get('run')!r}; "
+                f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
+            )
+        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter")
+        trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        try:
+            trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", weights_only=True))
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            raise CheckpointError(f"checkpoint {checkpoint}: trainer state unusable: {exc}") from None
+        try:
+            trainer.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
+        except ReplayBufferError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
+        self._trainer = trainer
+        self._start_offsets = {int(p): int(o) for p, o in state["offsets"].items()}
+        self.counters = Counters(**state["counters"])
+        self.version = max(int(state["version"]), newest_artifact_version(self.cfg))
+        trainer.version = self.version
+        self._round_new = int(state.get("round_new", 0))
+        self._round_updates_left = int(state.get("round_updates_left", 0))
+        self.ingest_log.truncate(int(state["ingest_log_bytes"]))
+        self.restored_from = checkpoint
+        log.info(
+            "learner %s resumed from %s: update %d, version %d, offsets %s, %d episodes in the buffer",
+            self.member_id,
+            checkpoint.name,
+            trainer.updates,
+            self.version,
+            self._start_offsets,
+            len(trainer.buffer),
+        )
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Ingest and train until ``stop`` is set or ``max_updates`` is reached, then write a final checkpoint.
+
+        Raises:
+            LearnerError: the Kafka reader failed (its cause is chained).
+        """
+        stop = stop or threading.Event()
+        trainer = self.trainer
+        limit = self.settings.max_updates
+        if limit and trainer.updates >= limit:
+            log.info("learner %s: max_updates=%d already reached", self.member_id, limit)
+            return
+        self._reader = TrajectoryReader(self.cfg, self.member_id, self._start_offsets)
+        self._reader.start()
+        self._window = _Window()
+        clean = False
+        try:
+            while not stop.is_set():
+                if self._reader.failed is not None:
+                    raise LearnerError(f"trajectory reader failed: {self._reader.failed}") from self._reader.failed
+                self._ingest(self._reader.drain(512))
+                if self._should_update():
+                    self._update_once()
+                    if limit and trainer.updates >= limit:
+                        log.info("learner %s: max_updates=%d reached", self.member_id, limit)
+                        break
+                else:
+                    self._reader.wait(0.2)
+                if time.monotonic() - self._window.started >= self.settings.metrics_interval_s:
+                    self.emit_metrics()
+            clean = True
+        finally:
+            # Only a clean stop checkpoints here: after a failure the last periodic checkpoint is the safe one.
+            if clean:
+                self.checkpoint()
+                self.emit_metrics(final=True)
+            self._reader.stop()
+            self._reader = None
+
+    def close(self) -> None:
+        """Flush the producer and close the ingest log (the learner's resources; idempotent)."""
+        self.ingest_log.close()
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    # -- ingest --------------------------------------------------------------------------------------------------
+
+    def _ingest(self, entries: list[Entry]) -> None:
+        assert self._reader is not None
+        for entry in entries:
+            if not self._reader.accept(entry):
+                continue  # its partition moved to another member, which reads it from our hand-over commit
+            self._dirty = True
+            if entry.kind is EntryKind.DEAD or entry.episode is None:
+                self.counters.dead += 1
+                self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, "dead")
+                continue
+            episode = entry.episode
+            if self._round_mode() and all(s.policy_version == self.version for s in episode.steps):
+                self._round_new += 1
+            status = self._admit(episode, entry.termination in INCOMPLETE_TERMINATIONS)
+            self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, status)
+
+    def _admit(self, episode: EpisodeRecord, incomplete: bool) -> str:
+        """Put one episode in the buffer unless it is incomplete or stale; returns its ingest-log status."""
+        if incomplete:
+            self.counters.incomplete += 1
+            return "incomplete"
+        lags = [self.version - s.policy_version for s in episode.steps]
+        if max(lags) > self.settings.max_policy_lag:
+            self.counters.stale += 1
+            return "stale"
+        try:
+            self.trainer.buffer.add(episode)
+        except ReplayBufferError as exc:
+            log.warning("episode %s refused by the replay buffer: %s", episode.episode_id, exc)
+            self.counters.rejected += 1
+            return "rejected"
+        self._window.lags.extend(lags)
+        self.counters.ingested += 1
+        return "ingested"
+
+    # -- updates, versions, checkpoints --------------------------------------------------------------------------
+
+    def _round_mode(self) -> bool:
+        return self.settings.round_episodes > 0
+
+    def _should_update(self) -> bool:
+        if not self.trainer.ready():
+            return False
+        if not self._round_mode():
+            return True
+        if self._round_updates_left == 0 and self._round_new >= self.settings.round_episodes:
+            self._round_updates_left = self.settings.updates_per_version
+        return self._round_updates_left > 0
+
+    def _update_once(self) -> None:
+        trainer = self.trainer
+        stats = trainer.update()
+        if stats is not None:
+            self._window.add(stats)
+            self._last_stats = stats
+            self._dirty = True
+        elif self._reader is not None:
+            # Nothing to learn from yet (e.g. filtered BC before the first success): let data arrive.
+            self._reader.wait(0.2)
+        if self._round_mode():
+            # Every attempt counts, so a round always ends in a version and synchronous collectors never wait in vain.
+            self._round_updates_left -= 1
+            if self._round_updates_left == 0:
+                self._round_new = 0
+                self.publish()
+        elif stats is not None and trainer.updates % self.settings.updates_per_version == 0:
+            self.publish()
+        if stats is not None and trainer.updates % self.settings.checkpoint_interval_updates == 0:
+            self.checkpoint()
+
+    def publish(self) -> WeightVersionEvent:
+        """Write the current adapter as the next version (atomically, then hashed) and THEN announce it.
+
+        Returns:
+            The published event.
+
+        Raises:
+            KafkaClientError: the event was not acknowledged (the artifact stays; the next publish takes the next
+                number).
+        """
+        assert self._producer is not None
+        version = max(self.version, newest_artifact_version(self.cfg)) + 1
+        target = adapter_dir(self.cfg, version)
+        with atomic_dir(target) as tmp:
+            self.trainer.save_adapter(tmp)
+        event = WeightVersionEvent(
+            policy_id=self.cfg.model.policy_id,
+            version=version,
+            base_model=_base_model_id(self.cfg),
+            adapter_uri=target.resolve().as_uri(),
+            sha256=sha256_dir(target),
+            size_bytes=dir_size(target),
+            created_at=utc_now(),
+            learner_step=self.trainer.updates,
+            trajectories_consumed=self.counters.ingested,
+            metrics={k: self._last_stats[k] for k in _SUMMARY_KEYS if k in self._last_stats},
+        )
+        self._producer.produce_event(self.topics.weights, event)
+        self._producer.flush()
+        self.version = version
+        self.trainer.version = version
+        self.counters.published += 1
+        self._dirty = True
+        log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
+        return event
+
+    def checkpoint(self) -> Path | None:
+        """Write an atomic checkpoint of everything (see :mod:`.checkpoint`) and commit its offsets to the group.
+
+        Returns:
+            The checkpoint folder, or None when nothing changed since the last one.
+        """
+        if not self._dirty and self.store.latest() is not None:
+            return None
+        trainer = self.trainer
+        if self._reader is not None:
+            # Dead letters below the checkpoint's offsets must be durable before the offsets move past them.
+            self._reader.flush_dead_letters()
+            offsets = self._reader.positions()
+        else:
+            offsets = dict(self._start_offsets)
+        state = {
+            "format": CHECKPOINT_FORMAT,
+            "run": self.cfg.run,
+            "policy_id": self.cfg.model.policy_id,
+            "member_id": self.member_id,
+            "updates": trainer.updates,
+            "version": self.version,
+            "offsets": {str(p): o for p, o in sorted(offsets.items())},
+            "counters": self.counters.as_dict(),
+            "ingest_log_bytes": self.ingest_log.sync(),
+            "round_new": self._round_new,
+            "round_updates_left": self._round_updates_left,
+            "created_at": utc_now().isoformat(),
+        }
+
+        def write(folder: Path) -> None:
+            trainer.save_adapter(folder / "adapter")
+            torch.save(trainer.state_dict(), folder / "trainer.pt")
+            write_json(folder / "buffer.json", trainer.buffer.state_dict())
+            write_json(folder / "state.json", state)
+
+        path = self.store.save(write)
+        self._start_offsets = offsets
+        self._dirty = False
+        if self._reader is not None:
+            self._reader.commit(offsets)
+        log.info("learner %s: %s at update %d, offsets %s", self.member_id, path.name, trainer.updates, offsets)
+        return path
+
+    # -- offline pre-training (off-to-on) ------------------------------------------------------------------------
+
+    def load_replay(self, source_run: str, timeout_s: float = 300.0) -> int:
+        """Put the usable episodes of ``{source_run}.trajectories`` in the buffer (no group, no offsets kept).
+
+        Returns:
+            How many episodes were loaded.
+
+        Raises:
+            KafkaClientError: the topic cannot be read.
+        """
+        loaded = 0
+        topic = TopicNames(source_run).trajectories
+        for msg in read_topic(self.cfg.kafka, topic, timeout_s=timeout_s):
+            entry = entry_from_message(msg, None)  # another run's bad records are not ours to dead-letter
+            if entry.episode is None or entry.termination in INCOMPLETE_TERMINATIONS:
+                continue
+            try:
+                self.trainer.buffer.add(entry.episode)
+            except ReplayBufferError as exc:
+                log.warning("replayed episode %s refused: %s", entry.episode_id, exc)
+                continue
+            loaded += 1
+        self.counters.replayed += loaded
+        self._dirty = True
+        log.info("loaded %d episodes from %s", loaded, topic)
+        return loaded
+
+    def pretrain(self, source_run: str, updates: int, algorithm: Algorithm = "bc") -> None:
+        """Offline phase: load ``source_run``'s trajectories and do ``updates`` updates of ``algorithm`` on them.
+
+        Raises:
+            LearnerError: the topic held no usable episode.
+        """
+        if self.load_replay(source_run) == 0:
+            topic = TopicNames(source_run).trajectories
+            raise LearnerError(f"--from-replay {source_run}: {topic} holds no usable episode")
+        done = 0
+        attempts = 0
+        while done < updates and attempts < 2 * updates + 10:
+            attempts += 1
+            stats = self.trainer.update(algorithm)
+            if stats is not None:
+                done += 1
+                self._window.add(stats)
+                self._last_stats = stats
+        if done < updates:
+            raise LearnerError(f"offline {algorithm}: only {done} of {updates} updates possible on {source_run}'s data")
+        self.emit_metrics()
+        log.info("pre-trained %d %s updates on %s", done, algorithm, source_run)
+
+    # -- metrics -------------------------------------------------------------------------------------------------
+
+    def metrics(self) -> dict[str, float]:
+        """The current metric values (averages of the updates since the last emission, counters, buffer, lag)."""
+        trainer = self.trainer
+        window = self._window
+        elapsed = max(time.monotonic() - window.started, 1e-9)
+        lags = np.asarray(window.lags, dtype=float)
+        values: dict[str, float] = {
+            **window.means(),
+            **trainer.buffer_stats(),
+            "version": float(self.version),
+            "updates": float(trainer.updates),
+            "updates_per_s": window.updates / elapsed,
+            "trajectories_ingested": float(self.counters.ingested),
+            "trajectories_dropped_stale": float(self.counters.stale),
+            "trajectories_dropped_incomplete": float(self.counters.incomplete),
+            "trajectories_dead_lettered": float(self.counters.dead),
+            "trajectories_rejected": float(self.counters.rejected + trainer.rejected),
+            "trajectories_replayed": float(self.counters.replayed),
+            "versions_published": float(self.counters.published),
+            "policy_lag_mean": float(lags.mean()) if lags.size else 0.0,
+            "policy_lag_p95": float(np.percentile(lags, 95)) if lags.size else 0.0,
+            "policy_lag_max": float(lags.max()) if lags.size else 0.0,
+            "feature_cache_hit_rate": trainer.features.hits / max(trainer.features.hits + trainer.features.misses, 1),
+        }
+        if self._reader is not None:
+            values["ingest_queue"] = float(self._reader.queued)
+        if self._round_mode():
+            values["round_trajectories"] = float(self._round_new)
+        return values
+
+    def emit_metrics(self, *, final: bool = False) -> MetricEvent:
+        """Publish :meth:`metrics` on ``{run}.metrics`` and start a new measurement window."""
+        assert self._producer is not None
+        labels = {"algorithm": self.settings.algorithm, "policy_id": self.cfg.model.policy_id}
+        if final:
+            labels["event"] = "final"
+        event = MetricEvent(
+            run=self.cfg.run,
+            role="learner",
+            source_id=self.member_id,
+            timestamp=utc_now(),
+            values=self.metrics(),
+            labels=labels,
+        )
+        self._producer.produce_event(self.topics.metrics, event)
+        self._window = _Window()
+        return event
+
+
+def _resolve_model_dir(cfg: Config) -> Path:
+    # The server's own resolution: the learner must train on exactly the base the server serves.
+    from distrl_stream.inference.server import resolve_model_dir
+
+    return resolve_model_dir(cfg)
+
+
+def _base_model_id(cfg: Config) -> str:
+    from distrl_stream.collector import base_model_id
+
+    return base_model_id(cfg.model)
+
+
+def run_learner(cfg: Config, stop: threading.Event, **start_kwargs: Any) -> Learner:
+    """Start a learner, run it until ``stop`` (or ``max_updates``), checkpoint, close; the ``learn`` command's body.
+
+    Args:
+        cfg: the configuration.
+        stop: set it (e.g. from a SIGTERM handler) to end the run cleanly.
+        start_kwargs: passed to :meth:`Learner.start` (``from_replay``, ``replay_updates``, ``replay_algorithm``).
+    """
+    learner = Learner(cfg)
+    try:
+        learner.start(**start_kwargs)
+        if not stop.is_set():
+            learner.run(stop)
+    finally:
+        learner.close()
+    return learner

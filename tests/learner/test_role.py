@@ -1,0 +1,185 @@
+"""The learner role against a real broker (tiny model, no vLLM): publishing, round mode, dead letters and drops."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrl_stream.config import Config
+from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
+from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.learner.checkpoint import IngestLog
+from distrl_stream.learner.role import Learner, adapter_dir
+from distrl_stream.policy.artifacts import local_path, sha256_dir
+from tests.learner.simdata import sim_events
+
+pytestmark = pytest.mark.kafka
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def learner_config(make_config: Callable[..., Config], tiny_model_dir: Path) -> Callable[..., Config]:
+    def make(**learner: object) -> Config:
+        settings = {
+            "batch_episodes": 2,
+            "min_buffer_episodes": 2,
+            "updates_per_version": 2,
+            "checkpoint_interval_updates": 1000,
+            "metrics_interval_s": 0.5,
+            "priority_refresh_interval": 1000,
+            **learner,
+        }
+        return make_config(model={"base": tiny_model_dir}, learner=settings)
+
+    return make
+
+
+@pytest.fixture
+def started() -> Iterator[Callable[[Config], Learner]]:
+    learners: list[Learner] = []
+
+    def start(cfg: Config) -> Learner:
+        learner = Learner(cfg)
+        learner.start()
+        learners.append(learner)
+        return learner
+
+    yield start
+    for learner in learners:
+        learner.close()
+
+
+class Running:
+    """A learner's run loop in a thread, stopped (cleanly, with its final checkpoint) at the end."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.learner.run(self.stop)
+        except BaseException as exc:
+            self.error = exc
+
+    def wait_for(self, what: str, predicate: Callable[[], bool], timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not predicate():
+            assert self.error is None, f"learner failed: {self.error!r}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        assert self.error is None, f"learner failed: {self.error!r}"
+
+
+def produce(cfg: Config, values: list[TrajectoryEvent | bytes]) -> None:
+    topic = TopicNames(cfg.run).trajectories
+    with Producer(cfg.kafka, client_id="test-collector") as producer:
+        for value in values:
+            if isinstance(value, bytes):
+                producer.produce(topic, value, key=b"poison", partition=0)
+            else:
+                producer.produce(topic, encode(value), key=value.episode_id.encode(), partition=0)
+        producer.flush()
+
+
+def weight_events(cfg: Config) -> list[WeightVersionEvent]:
+    return [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, TopicNames(cfg.run).weights)]
+
+
+def test_publish_writes_the_artifact_before_the_event(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = learner_config()
+    learner = started(cfg)
+    event = learner.publish()
+    assert event.version == 1 and learner.version == 1
+    [seen] = weight_events(cfg)
+    assert seen == event
+    path = local_path(seen.adapter_uri)
+    assert path == adapter_dir(cfg, 1).resolve()
+    assert sha256_dir(path) == seen.sha256
+    assert (path / "adapter_config.json").is_file()
+
+    # A failed artifact write publishes nothing: no event may ever name a missing or partial adapter.
+    def broken(folder: Path) -> None:
+        (folder / "adapter_model.safetensors").write_bytes(b"half")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(learner.trainer, "save_adapter", broken)
+    with pytest.raises(OSError, match="disk full"):
+        learner.publish()
+    assert weight_events(cfg) == [event]
+    assert learner.version == 1
+    assert not adapter_dir(cfg, 2).exists()
+
+
+def test_round_mode_waits_for_a_round_of_the_current_version_then_publishes_once(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    cfg = learner_config(round_episodes=3, updates_per_version=2)
+    learner = started(cfg)
+    tokenizer = learner.trainer.tokenizer
+    running = Running(learner)
+    produce(cfg, sim_events(tokenizer, 2, seed=1, version=0))
+    running.wait_for("2 episodes", lambda: learner.counters.ingested == 2)
+    assert learner.trainer.updates == 0  # the buffer could train, but the round is not complete
+    produce(cfg, sim_events(tokenizer, 1, seed=2, version=0))
+    running.wait_for("version 1", lambda: learner.version == 1)
+    assert learner.trainer.updates == 2
+
+    produce(cfg, sim_events(tokenizer, 3, seed=3, version=0))  # acted by the previous version: no new round
+    running.wait_for("6 episodes", lambda: learner.counters.ingested == 6)
+    time.sleep(1.0)  # a wrong learner would update within this second; a right one waits for version-1 data
+    assert (learner.trainer.updates, learner.version) == (2, 1)
+    produce(cfg, sim_events(tokenizer, 3, seed=4, version=1))
+    running.wait_for("version 2", lambda: learner.version == 2)
+    running.finish()
+    assert learner.trainer.updates == 4
+    assert [e.version for e in weight_events(cfg)] == [1, 2]
+
+
+def test_poison_stale_and_good_records_are_each_handled_and_logged(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    cfg = learner_config(max_policy_lag=1, min_buffer_episodes=100)
+    learner = started(cfg)
+    for _ in range(3):
+        learner.publish()  # the learner is at version 3
+    tokenizer = learner.trainer.tokenizer
+    good = sim_events(tokenizer, 2, seed=5, version=2)
+    stale = sim_events(tokenizer, 1, seed=6, version=1)
+    produce(cfg, [good[0], b"not a trajectory", stale[0], good[1]])
+    running = Running(learner)
+    running.wait_for(
+        "4 records", lambda: sum((learner.counters.ingested, learner.counters.stale, learner.counters.dead)) == 4
+    )
+    running.finish()
+    assert (learner.counters.ingested, learner.counters.stale, learner.counters.dead) == (2, 1, 1)
+    assert sorted(e.episode_id for _k, e in learner.trainer.buffer.items()) == sorted(e.episode_id for e in good)
+    records = IngestLog.read(learner.ingest_log.path)
+    assert [(r.offset, r.status) for r in records] == [(0, "ingested"), (1, "dead"), (2, "stale"), (3, "ingested")]
+    [letter] = [decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq)]
+    assert (letter.topic, letter.partition, letter.offset, letter.value) == (
+        TopicNames(cfg.run).trajectories,
+        0,
+        1,
+        b"not a trajectory",
+    )
+    # The final checkpoint holds the offsets past all four records.
+    state = (learner.store.latest() / "state.json").read_text()  # type: ignore[operator]
+    assert '"offsets":{"0":4' in state
