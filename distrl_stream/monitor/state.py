@@ -270,7 +270,7 @@ class MonitorState:
         served = [(int(s.values["policy_version"]), s.source_id) for s in servers if "policy_version" in s.values]
         acting: dict[int, int] = {}
         for row in rows:
-            if row.policy_version is not None and row.status != "stopped":
+            if row.policy_version is not None and (ended or row.status != "stopped"):
                 acting[row.policy_version] = acting.get(row.policy_version, 0) + 1
         return Snapshot(
             run=self.run,
@@ -289,7 +289,7 @@ class MonitorState:
             served_by=sorted(source for _, source in served),
             acting_versions=dict(sorted(acting.items())),
             policy_lag=_policy_lag(learners),
-            inference_latency=_latency(collectors),
+            inference_latency=_latency(collectors if ended else [c for c in collectors if not c.stopped]),
             consumer_lag=self._consumer_lag,
             dlq_records=self._dlq_records,
         )
@@ -347,16 +347,15 @@ def _policy_lag(learners: list[_Source]) -> dict[str, float]:
 
 
 def _latency(collectors: list[_Source]) -> dict[str, float]:
-    """Inference and env latency over the running collectors: median of their p50s, worst of their p95s."""
+    """Inference and env latency over ``collectors``: median of their p50s, worst of their p95s."""
     out: dict[str, float] = {}
-    live = [s for s in collectors if not s.stopped]
     for key, name, pick in (
         ("inference_latency_p50_s", "inference_p50_s", _median),
         ("inference_latency_p95_s", "inference_p95_s", max),
         ("env_latency_p50_s", "env_p50_s", _median),
         ("env_latency_p95_s", "env_p95_s", max),
     ):
-        values = [s.values[key] for s in live if key in s.values]
+        values = [s.values[key] for s in collectors if key in s.values]
         if values:
             out[name] = pick(values)
     return out

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
+import threading
 from datetime import timedelta
 
 import pytest
 from confluent_kafka import TopicPartition
+from rich.console import Console
 from typer.testing import CliRunner
 
 from distrl_stream.cli.main import app
@@ -16,6 +19,7 @@ from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.monitor.feed import MetricFeed, learner_group
+from distrl_stream.monitor.live import watch
 from distrl_stream.monitor.state import MonitorState
 
 pytestmark = pytest.mark.kafka
@@ -95,3 +99,17 @@ def test_monitor_once_prints_a_snapshot_of_a_running_run(run_config: Config, run
     per_min = float(re.search(r"throughput \(1 min\): ([\d.]+) trajectories/min", result.output).group(1))
     assert 20.0 < per_min <= 30.0
     assert "c0 running: 30 episodes" in result.output
+
+
+def test_the_live_dashboard_draws_until_stopped(run_config: Config, run_topics: TopicNames) -> None:
+    _publish(run_config, run_topics.metrics, [_metric(run_config, "c0", 0.0, age_s=30), _metric(run_config, "c0", 9.0)])
+    out = io.StringIO()
+    stop = threading.Event()
+    timer = threading.Timer(3.0, stop.set)
+    timer.start()
+    try:
+        last = watch(run_config, stop, refresh_s=0.2, console=Console(file=out, width=140, force_terminal=False))
+    finally:
+        timer.cancel()
+    assert last.episodes_total == 9
+    assert f"run {run_config.run}" in out.getvalue() and "c0" in out.getvalue()

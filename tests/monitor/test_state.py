@@ -133,9 +133,10 @@ def test_prune_keeps_what_the_windows_need() -> None:
 def test_a_finished_run_is_shown_as_of_its_last_report() -> None:
     state = MonitorState("r", windows_s=(60.0,))
     state.add(_collector(0, "a", 0, 0))
-    final = _collector(60, "a", 12, 6)
+    final = _collector(60, "a", 12, 6, policy_version=0)
     state.add(MetricEvent(**{**_fields(final), "labels": {"event": "final"}}))
     later = state.snapshot(_at(3600))  # an hour after the run ended
     assert later.rates_at == _at(60)
     assert later.per_min == pytest.approx(12.0) and later.windows[0].success == pytest.approx(0.5)
     assert later.collectors[0].status == "stopped"
+    assert later.acting_versions == {0: 1}  # what the run acted with at its end
