@@ -56,6 +56,14 @@ class MetricFeed:
         Raises:
             KafkaClientError: the run's metrics topic does not exist or the cluster did not answer.
         """
+        try:
+            return self._backfill()
+        except KafkaException as exc:
+            raise KafkaClientError(
+                f"cannot read {self.topics.metrics} from {self.cfg.kafka.bootstrap_servers}: {exc.args[0].str()}"
+            ) from None
+
+    def _backfill(self) -> int:
         consumer = self._follower()
         partitions = self._partitions()
         # Watermarks before the history read: the live tail starts at or after them, never before.
