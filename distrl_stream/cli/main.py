@@ -21,6 +21,7 @@ from distrl_stream.cli.up import up
 app = typer.Typer(
     name="distrl-stream",
     cls=OneLineErrors,
+    rich_markup_mode="markdown",
     help="Asynchronous distributed RL for device-control agents (DistRL / A-RIDE) on Apache Kafka and vLLM.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,

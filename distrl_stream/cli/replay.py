@@ -30,6 +30,7 @@ from distrl_stream.cli.common import (
     progress_bar,
     run_command,
 )
+from distrl_stream.cli.learn import ReplayAlgorithm, learn
 from distrl_stream.config import Config
 from distrl_stream.errors import ConfigError
 
@@ -251,3 +252,43 @@ def report(
     )
     for plot in written.plots:
         typer.echo(str(plot))
+
+
+@app.command("learn")
+def learn_from_replay(
+    source: Annotated[
+        str, typer.Argument(help="The recorded run whose {SOURCE}.trajectories the learner starts from.")
+    ],
+    config: ConfigOption = None,
+    run: RunOption = None,
+    bootstrap: BootstrapOption = None,
+    updates: Annotated[int, typer.Option("--updates", help="Updates of the offline phase.", min=1)] = 100,
+    algorithm: Annotated[
+        ReplayAlgorithm,
+        typer.Option(
+            "--algorithm",
+            help="Offline update rule: bc clones every replayed episode, filtered_bc the successful ones; aride and "
+            "digirl learn off-policy from the recorded behaviour log-probs.",
+        ),
+    ] = ReplayAlgorithm.BC,
+    max_updates: Annotated[int | None, field_option("learner.max_updates", "--max-updates")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
+) -> None:
+    """Off-to-on: pre-train a learner on a recorded run, publish the result as version 1, then learn online on --run.
+
+    This is `distrl-stream learn --from-replay SOURCE` (the learner's own warm start): the recorded trajectories are
+    read without any consumer group, the learner then joins {run}.learner and goes on with the collectors' data.
+    """
+    cfg = _config(config, run, bootstrap)
+    if cfg.run == source:
+        fail(f"--run: name a new run to learn online in (offline data comes from {source})", code=2)
+    learn(
+        config=config,
+        run=run,
+        bootstrap=bootstrap,
+        max_updates=max_updates,
+        from_replay=source,
+        replay_updates=updates,
+        replay_algorithm=algorithm,
+        verbose=verbose,
+    )

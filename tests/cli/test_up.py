@@ -1,0 +1,166 @@
+"""End to end: `distrl-stream up --duration 120 --collectors 2` on the tiny model and the simulated phone.
+
+One real run (embedded broker, vLLM, learner, two collectors) is shared by the module: it must exit 0 having
+collected trajectories and served at least two weight versions, leave no process behind, and leave data that
+`monitor --once`, `replay export` and `replay report` read back (after `kafka start`-ing its broker again).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from distrl_stream.analysis.replay import read_weight_versions
+from distrl_stream.cli.main import app
+from distrl_stream.config import KafkaConfig
+from distrl_stream.inference.server import free_port
+from distrl_stream.kafka.broker import EmbeddedBroker
+from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.topics import TopicNames
+
+pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.vllm]
+RUN = "e2e"
+runner = CliRunner()
+
+
+@dataclass(frozen=True)
+class UpRun:
+    """What the shared run left: its exit, output, summary, leftover processes, and its broker started again."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    summary: dict
+    leftovers: list[str]
+    data_dir: Path
+    bootstrap: str
+
+
+def _marked_processes(marker: str) -> list[str]:
+    """Processes whose environment carries ``marker`` (every descendant of `up` inherits it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")[:200]
+                found.append(f"{entry.name}: {command!r}")
+        except OSError:
+            continue  # exited, or not ours to read
+    return found
+
+
+@pytest.fixture(scope="module")
+def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterator[UpRun]:
+    data_dir = tmp_path_factory.mktemp("up") / "distrl-data"
+    marker = f"distrl-up-test-{uuid.uuid4().hex}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DISTRL_")},
+        "KAFKA_HOME": str(kafka_home),
+        "DISTRL_TEST_MARKER": marker,
+        # A free port instead of 9092: other brokers may run on this machine.
+        "DISTRL_BROKER__PORT": str(free_port()),
+        # Versions every 2 updates (default 20) and one torch thread: on a shared 2-core machine an update of even
+        # the tiny model can take seconds, and the test needs two versions served within the 120 s.
+        "DISTRL_LEARNER__UPDATES_PER_VERSION": "2",
+        "DISTRL_LEARNER__THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "distrl_stream.cli", "up", "--duration", "120", "--collectors", "2"),
+            # Two environments per collector keep the CPU for the learner and the server (the sim is fast).
+            *("--envs-per-collector", "2"),
+            *("--no-monitor", "--run", RUN, "--data-dir", str(data_dir)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    # Children are reaped before `up` returns; give the kernel a moment to drop exited entries from /proc.
+    deadline = time.monotonic() + 10
+    leftovers = _marked_processes(marker)
+    while leftovers and time.monotonic() < deadline:
+        time.sleep(0.2)
+        leftovers = _marked_processes(marker)
+    summary_file = data_dir / "runs" / RUN / "up-summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.is_file() else {}
+    broker = EmbeddedBroker(data_dir / "kafka", kafka_home=kafka_home)
+    bootstrap = broker.start()  # as `distrl-stream kafka start` would, from the same data folder
+    try:
+        yield UpRun(done.returncode, done.stdout, done.stderr, summary, leftovers, data_dir, bootstrap)
+    finally:
+        broker.stop()
+
+
+def test_up_runs_exits_0_and_reports_trajectories_and_served_versions(up_run: UpRun) -> None:
+    assert up_run.returncode == 0, f"{up_run.stdout}\n{up_run.stderr[-4000:]}"
+    assert up_run.summary["episodes"] > 0
+    assert len(up_run.summary["versions_served"]) >= 2, up_run.summary
+    episodes = int(re.search(r"trajectories: (\d+)", up_run.stdout).group(1))
+    served = int(re.search(r"(\d+) served", up_run.stdout).group(1))
+    assert episodes == up_run.summary["episodes"] and served >= 2
+
+
+def test_no_child_process_outlives_up(up_run: UpRun) -> None:
+    assert up_run.leftovers == []
+
+
+def test_monitor_once_shows_the_run_s_throughput(up_run: UpRun) -> None:
+    result = runner.invoke(app, ["monitor", "--once", "--run", RUN, "-b", up_run.bootstrap])
+    assert result.exit_code == 0, result.output
+    per_min = [float(x) for x in re.findall(r"throughput \([^)]*\): ([\d.]+) trajectories/min", result.output)]
+    assert per_min and max(per_min) > 0, result.output
+    assert "collector-0" in result.output and "collector-1" in result.output
+
+
+def test_replay_export_has_one_row_per_trajectory_in_the_topic(up_run: UpRun, tmp_path: Path) -> None:
+    in_topic = sum(1 for _ in read_topic(KafkaConfig(bootstrap_servers=up_run.bootstrap), TopicNames(RUN).trajectories))
+    out = tmp_path / "episodes.parquet"
+    result = runner.invoke(app, ["replay", "export", str(out), "--run", RUN, "-b", up_run.bootstrap])
+    assert result.exit_code == 0, result.output
+    assert pq.read_table(out).num_rows == in_topic == up_run.summary["episodes"]
+
+
+def test_replay_report_writes_the_plots(up_run: UpRun, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["replay", "report", str(tmp_path / "report"), "--run", RUN, "-b", up_run.bootstrap])
+    assert result.exit_code == 0, result.output
+    for name in ("success_over_time", "trajectories_over_time", "lag_histogram", "length_by_task"):
+        assert (tmp_path / "report" / f"{name}.png").stat().st_size > 1000
+    assert "| episodes |" in (tmp_path / "report" / "summary.md").read_text()
+
+
+def test_replay_learn_warm_starts_a_new_run_from_the_recorded_one(up_run: UpRun) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DISTRL_")},
+        "DISTRL_DATA_DIR": str(up_run.data_dir),  # the base model `up` built is found there
+        "DISTRL_LEARNER__THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "distrl_stream.cli", "replay", "learn", RUN, "--run", f"{RUN}-warm"),
+            *("-b", up_run.bootstrap, "--updates", "2", "--max-updates", "2"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    # The offline phase's result is published as the new run's first version, before any online data exists.
+    versions = read_weight_versions(KafkaConfig(bootstrap_servers=up_run.bootstrap), f"{RUN}-warm")
+    assert [v.version for v in versions] == [1]
+    assert f"from {RUN}.trajectories" in done.stderr
