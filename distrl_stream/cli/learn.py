@@ -36,6 +36,7 @@ def learn(
     config: ConfigOption = None,
     run: RunOption = None,
     bootstrap: BootstrapOption = None,
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
     algorithm: Annotated[str | None, field_option("learner.algorithm", "--algorithm")] = None,
     model: Annotated[Path | None, field_option("model.base", "--model")] = None,
     init_adapter: Annotated[Path | None, field_option("learner.init_adapter", "--init-adapter")] = None,
@@ -79,6 +80,7 @@ def learn(
     """
     overrides: dict[str, Any] = {
         "run": run,
+        "data_dir": data_dir,
         "kafka": {"bootstrap_servers": bootstrap},
         "model": {"base": model},
         "learner": {

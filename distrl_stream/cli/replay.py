@@ -262,22 +262,27 @@ def learn_from_replay(
     config: ConfigOption = None,
     run: RunOption = None,
     bootstrap: BootstrapOption = None,
-    updates: Annotated[int, typer.Option("--updates", help="Updates of the offline phase.", min=1)] = 100,
-    algorithm: Annotated[
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
+    replay_updates: Annotated[int, typer.Option("--replay-updates", help="Updates of the offline phase.", min=1)] = 100,
+    replay_algorithm: Annotated[
         ReplayAlgorithm,
         typer.Option(
-            "--algorithm",
+            "--replay-algorithm",
             help="Offline update rule: bc clones every replayed episode, filtered_bc the successful ones; aride and "
             "digirl learn off-policy from the recorded behaviour log-probs.",
         ),
     ] = ReplayAlgorithm.BC,
+    algorithm: Annotated[
+        str | None, field_option("learner.algorithm", "--algorithm", help="The online phase's update rule.")
+    ] = None,
     max_updates: Annotated[int | None, field_option("learner.max_updates", "--max-updates")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
     """Off-to-on: pre-train a learner on a recorded run, publish the result as version 1, then learn online on --run.
 
-    This is `distrl-stream learn --from-replay SOURCE` (the learner's own warm start): the recorded trajectories are
-    read without any consumer group, the learner then joins {run}.learner and goes on with the collectors' data.
+    This is `distrl-stream learn --from-replay SOURCE` (the learner's own warm start), with the same options: the
+    recorded trajectories are read without any consumer group, the learner then joins {run}.learner and goes on with
+    the collectors' data.
     """
     cfg = _config(config, run, bootstrap)
     if cfg.run == source:
@@ -286,9 +291,11 @@ def learn_from_replay(
         config=config,
         run=run,
         bootstrap=bootstrap,
+        data_dir=data_dir,
+        algorithm=algorithm,
         max_updates=max_updates,
         from_replay=source,
-        replay_updates=updates,
-        replay_algorithm=algorithm,
+        replay_updates=replay_updates,
+        replay_algorithm=replay_algorithm,
         verbose=verbose,
     )

@@ -23,6 +23,7 @@ def serve(
     config: ConfigOption = None,
     run: RunOption = None,
     model: Annotated[Path | None, field_option("model.base", "--model")] = None,
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
     host: Annotated[str | None, field_option("inference.host", "--host")] = None,
     port: Annotated[int | None, field_option("inference.port", "--port", min=0, help="0: pick a free one.")] = None,
     device: Annotated[str | None, field_option("inference.device", "--device")] = None,
@@ -32,6 +33,7 @@ def serve(
     """Serve the policy with vLLM (OpenAI API) until interrupted; new weight versions are loaded as they appear."""
     overrides: dict[str, Any] = {
         "run": run,
+        "data_dir": data_dir,
         "kafka": {"bootstrap_servers": bootstrap},
         "model": {"base": model},
         "inference": {"host": host, "port": port, "device": device, "watch_weights": watch},

@@ -152,7 +152,7 @@ def test_replay_learn_warm_starts_a_new_run_from_the_recorded_one(up_run: UpRun)
     done = subprocess.run(
         [
             *(sys.executable, "-m", "distrl_stream.cli", "replay", "learn", RUN, "--run", f"{RUN}-warm"),
-            *("-b", up_run.bootstrap, "--updates", "2", "--max-updates", "2"),
+            *("-b", up_run.bootstrap, "--replay-updates", "2", "--max-updates", "2"),
         ],
         env=env,
         capture_output=True,
