@@ -557,10 +557,19 @@ def run_up(
             elif deadline is not None and time.monotonic() >= deadline:
                 stop.set()
 
-    with signals_stop(stop.set):
+    starting = threading.Event()
+
+    def on_signal() -> None:
+        stop.set()
+        if starting.is_set():
+            raise KeyboardInterrupt  # abort a start in progress (a vLLM start can take minutes) as Ctrl-C does
+
+    with signals_stop(on_signal):
         try:
+            starting.set()
             with _Stages(console) as stages:
                 stack.start(stages)
+            starting.clear()
             threading.Thread(target=supervise, name="up-supervisor", daemon=True).start()
             if monitor:
                 from distrl_stream.monitor.live import watch
@@ -574,6 +583,7 @@ def run_up(
         except DistrlError as exc:
             failure.append(str(exc))
         finally:
+            starting.clear()
             # A second Ctrl-C while stopping kills what is left at once instead of aborting the cleanup.
             previous = signal.signal(signal.SIGINT, lambda *_: stack.kill())
             try:

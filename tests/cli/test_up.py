@@ -164,3 +164,37 @@ def test_replay_learn_warm_starts_a_new_run_from_the_recorded_one(up_run: UpRun)
     versions = read_weight_versions(KafkaConfig(bootstrap_servers=up_run.bootstrap), f"{RUN}-warm")
     assert [v.version for v in versions] == [1]
     assert f"from {RUN}.trajectories" in done.stderr
+
+
+def test_sigterm_to_up_while_it_starts_stops_everything(tmp_path: Path, kafka_home: Path) -> None:
+    marker = f"distrl-up-test-{uuid.uuid4().hex}"
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("DISTRL_")},
+        "KAFKA_HOME": str(kafka_home),
+        "DISTRL_TEST_MARKER": marker,
+        "DISTRL_BROKER__PORT": str(free_port()),
+    }
+    up = subprocess.Popen(
+        [sys.executable, "-m", "distrl_stream.cli", "up", "--no-monitor", "--run", "sig", "--data-dir", str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    server_log = tmp_path / "runs" / "sig" / "logs" / "serve.log"
+    try:
+        deadline = time.monotonic() + 300
+        while not server_log.exists() and up.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert server_log.exists(), "the policy server never started"
+        up.terminate()  # SIGTERM while vLLM is still starting
+        output, _ = up.communicate(timeout=180)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, output
+    assert "run sig stopped" in output
+    deadline = time.monotonic() + 10
+    while _marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _marked_processes(marker) == []
