@@ -574,7 +574,7 @@ def run_up(
             if monitor:
                 from distrl_stream.monitor.live import watch
 
-                watch(stack.cfg, stop, console=console, footer=lambda: _processes(stack, duration_s))
+                watch(stack.cfg, stop, console=console, footer=lambda: process_table(stack, duration_s))
             else:
                 console.print(f"run {stack.cfg.run} is up; stop with Ctrl-C", highlight=False)
                 stop.wait()
@@ -599,7 +599,8 @@ def run_up(
     return summary
 
 
-def _processes(stack: LocalStack, duration_s: float | None) -> RenderableType:
+def process_table(stack: LocalStack, duration_s: float | None) -> RenderableType:
+    """The processes of `up` (name, pid, state, log) and how long the run has gone, for under the dashboard."""
     table = Table("process", "pid", "state", "log", box=None, pad_edge=False, title_justify="left")
     for child in stack.children():
         code = child.returncode

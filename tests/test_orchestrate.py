@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -12,8 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rich.console import Console
+
 from distrl_stream.config import load_config
-from distrl_stream.orchestrate import ChildProcess, LocalStack, UpOptions, descendants
+from distrl_stream.orchestrate import ChildProcess, LocalStack, UpOptions, descendants, process_table
 
 # A child that starts a grandchild in a session of its own (as `serve` does with vLLM), prints its pid, and waits.
 FAMILY = textwrap.dedent(
@@ -115,3 +118,16 @@ def test_a_child_that_ends_cleanly_is_no_failure(tmp_path: Path) -> None:
     stack.learner.start()
     assert _wait_for(lambda: stack.learner.returncode is not None)
     assert stack.failure() is None
+
+
+def test_the_dashboard_footer_lists_processes_and_time_left(tmp_path: Path) -> None:
+    stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
+    stack.learner = ChildProcess("learner", [sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "l.log")
+    stack.learner.start()
+    assert _wait_for(lambda: stack.learner.returncode is not None)
+    stack.started_at = time.monotonic() - 30
+    out = io.StringIO()
+    Console(file=out, width=200, color_system=None).print(process_table(stack, 120.0))
+    text = out.getvalue()
+    assert "learner" in text and "exited 0" in text and str(stack.learner.log_path) in text
+    assert re.search(r"up for 3\d s, 9\d s left", text)
