@@ -52,8 +52,8 @@ def up(
         bool, typer.Option("--report/--no-report", help="Write the replay report (plots) when the run ends.")
     ] = True,
     startup_timeout: Annotated[
-        float, typer.Option("--startup-timeout", help="Seconds the vLLM server may take to start.", min=1)
-    ] = 600.0,
+        float | None, field_option("inference.startup_timeout_s", "--startup-timeout", min=1)
+    ] = None,
 ) -> None:
     """Run a whole learning run on this machine: Kafka, model, vLLM, learner, collectors and the live monitor.
 
@@ -67,7 +67,7 @@ def up(
         "data_dir": data_dir,
         "env": {"kind": env, "latency": latency},
         "collector": {"envs": envs_per_collector, "mode": mode},
-        "inference": {"mode": action_mode},
+        "inference": {"mode": action_mode, "startup_timeout_s": startup_timeout},
         "learner": {"algorithm": algorithm},
         "model": {"base": model, "size": size},
     }
@@ -80,7 +80,8 @@ def up(
         config_path=config.resolve() if config else None,
         external_kafka=external,
         keep_broker=keep_broker,
-        startup_timeout_s=startup_timeout,
+        # The server's own deadline (same setting) fails first, with vLLM's log: this one is only a backstop.
+        startup_timeout_s=cfg.inference.startup_timeout_s + 60.0,
         collector_stop_s=cfg.collector.shutdown_grace_s + cfg.collector.flush_timeout_s + 15.0,
     )
     summary = run_up(cfg, options, _environment(flags), duration_s=duration or None, monitor=monitor, report=report)

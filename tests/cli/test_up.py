@@ -84,11 +84,13 @@ def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterat
             # Two environments per collector keep the CPU for the learner and the server (the sim is fast).
             *("--envs-per-collector", "2"),
             *("--no-monitor", "--run", RUN, "--data-dir", str(data_dir)),
+            # vLLM on CPU starts in 30-60 s, but several minutes when other test runs share the cores.
+            *("--startup-timeout", "900"),
         ],
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     # Children are reaped before `up` returns; give the kernel a moment to drop exited entries from /proc.
     deadline = time.monotonic() + 10
