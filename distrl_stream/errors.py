@@ -134,3 +134,7 @@ class TrajectoryError(LearnerError):
 
 class CheckpointError(LearnerError):
     """A learner checkpoint is missing a part, is malformed, or belongs to another run or model shape."""
+
+
+class EvaluationError(LearnerError):
+    """A held-out evaluation could not measure what it was asked to (the expected version is not the one served)."""

@@ -1,1 +1,9 @@
-"""The learner role: replay buffer + DPER (``buffer``), A-RIDE and the baselines (``aride``), critics (``critics``)."""
+"""The learner role (docs/learner.md).
+
+- :mod:`.role`: :class:`~distrl_stream.learner.role.Learner`, the loop: ingest, updates, weight versions,
+  checkpoints, metrics, round mode, warm start and offline pre-training;
+- :mod:`.ingest`: the group consumer of ``{run}.trajectories`` in its own thread, TrajectoryEvent → EpisodeRecord;
+- :mod:`.trainer`: the policy (base + LoRA), critics, optimisers and one update of each algorithm;
+- :mod:`.checkpoint`: atomic checkpoints and the ingest log;
+- the algorithm: :mod:`.aride` (A-RIDE and the baselines), :mod:`.critics`, :mod:`.buffer` (replay + DPER).
+"""
