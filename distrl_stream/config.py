@@ -171,6 +171,13 @@ class LearnerConfig(Section):
     max_policy_lag: int = Field(
         10, ge=0, description="Drop trajectories more than this many versions behind the learner. Source: ours."
     )
+    critic_warmup_updates: int = Field(
+        0,
+        ge=0,
+        description="A-RIDE: the first N updates train only the critics (the policy is not stepped), so advantages "
+        "start from a fitted V instead of an untrained head's ~0.5. Source: ours (0 = the paper's loss from the "
+        "first update).",
+    )
     digirl_quantile: float = Field(
         0.9,
         gt=0.0,

@@ -248,10 +248,12 @@ class Trainer:
             episode_weights=sample.is_weights,
         )
         vl = aride.critic_loss(value_logits, v_ret, batch.mask, sample.is_weights, kind=cfg.critic_loss)
-        loss = pl.loss + vl
+        warming_up = self.updates < cfg.critic_warmup_updates
+        # While the critic warms up its advantages are noise: only the critic learns.
+        loss = vl if warming_up else pl.loss + vl
         if cfg.trajectory_critic:
             loss = loss + self._trajectory_critic_loss(sample.episodes)
-        grads = self._step(loss)
+        grads = self._step(loss, policy=not warming_up)
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
         priorities = trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
         self.buffer.update_priorities(sample.keys, priorities)
@@ -391,15 +393,18 @@ class Trainer:
         first = self.features([step_prompt(e, 0) for e in episodes])
         return self.traj_critic.loss(first, torch.tensor([e.success for e in episodes]))
 
-    def _step(self, loss: Tensor) -> dict[str, float]:
-        """Backpropagate, clip the policy's and the critics' gradients to max_grad_norm each, step both."""
+    def _step(self, loss: Tensor, *, policy: bool = True) -> dict[str, float]:
+        """Backpropagate, clip the policy's and the critics' gradients to max_grad_norm each, step both (the policy
+        only when ``policy``)."""
         self.policy_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
-        policy_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, self.cfg.max_grad_norm)
         critic_norm = torch.nn.utils.clip_grad_norm_(self.critic_params, self.cfg.max_grad_norm)
-        self.policy_opt.step()
         self.critic_opt.step()
+        if not policy:
+            return {"grad_norm_critic": float(critic_norm)}
+        policy_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, self.cfg.max_grad_norm)
+        self.policy_opt.step()
         return {"grad_norm_policy": float(policy_norm), "grad_norm_critic": float(critic_norm)}
 
     def _batch_stats(self, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:

@@ -1,0 +1,93 @@
+"""The trainer on the tiny model (no services): each algorithm's update, critic warm-up, bad episodes, feature cache."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from distrl_stream.config import LearnerConfig, ModelConfig
+from distrl_stream.learner.buffer import EpisodeRecord
+from distrl_stream.learner.ingest import episode_from_event
+from distrl_stream.learner.trainer import Trainer, load_policy, step_prompt
+from tests.learner.simdata import sim_events
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def episodes(tiny_model_dir: Path) -> list[EpisodeRecord]:
+    _model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
+    events = sim_events(tokenizer, 24, seed=3)
+    return [episode_from_event(e) for e in events]
+
+
+def trainer(tiny_model_dir: Path, episodes: list[EpisodeRecord], **settings: object) -> Trainer:
+    model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
+    cfg = LearnerConfig(**{"batch_episodes": 4, "min_buffer_episodes": 4, "policy_lr": 1e-2, **settings})
+    out = Trainer(cfg, model, tokenizer)
+    for episode in episodes:
+        out.buffer.add(episode)
+    return out
+
+
+def lora_snapshot(t: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in t.policy_params]
+
+
+def changed(before: list[torch.Tensor], t: Trainer) -> bool:
+    return any(not torch.equal(a, b) for a, b in zip(before, t.policy_params, strict=True))
+
+
+@pytest.mark.parametrize("algorithm", ["aride", "digirl", "filtered_bc", "bc"])
+def test_each_algorithm_updates_the_policy(tiny_model_dir: Path, episodes: list[EpisodeRecord], algorithm: str) -> None:
+    assert any(e.success for e in episodes)  # filtered BC needs one
+    t = trainer(tiny_model_dir, episodes)
+    before = lora_snapshot(t)
+    stats = t.update(algorithm)  # type: ignore[arg-type]
+    assert stats is not None and all(isinstance(v, float) for v in stats.values())
+    assert changed(before, t)
+    assert t.updates == 1
+
+
+def test_filtered_bc_waits_for_a_success(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
+    t = trainer(tiny_model_dir, [e for e in episodes if not e.success], algorithm="filtered_bc")
+    assert t.update() is None
+    assert t.updates == 0
+
+
+def test_critic_warmup_leaves_the_policy_alone(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
+    t = trainer(tiny_model_dir, episodes, critic_warmup_updates=2)
+    policy, critic = lora_snapshot(t), [p.detach().clone() for p in t.step_critic.parameters()]
+    for _ in range(2):
+        assert t.update() is not None
+    assert not changed(policy, t)
+    assert any(not torch.equal(a, b) for a, b in zip(critic, t.step_critic.parameters(), strict=True))
+    t.update()
+    assert changed(policy, t)
+
+
+def test_an_action_impossible_under_its_candidates_is_removed_not_fatal(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    bad = episodes[0]
+    forged = dataclasses.replace(
+        bad,
+        episode_id="forged",
+        steps=(dataclasses.replace(bad.steps[0], token_ids=(5, 5, 5, 5)), *bad.steps[1:]),
+    )
+    t = trainer(tiny_model_dir, [forged], batch_episodes=2, min_buffer_episodes=1)
+    assert t.update() is None
+    assert t.rejected == 1 and len(t.buffer) == 0
+
+
+def test_critic_features_are_computed_once_per_prompt(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
+    t = trainer(tiny_model_dir, episodes[:4])
+    prompts = [step_prompt(e, i) for e in episodes[:4] for i in range(len(e))]
+    first = t.features(prompts)
+    misses = t.features.misses
+    again = t.features(prompts)
+    assert t.features.misses == misses == len(set(prompts))
+    assert torch.equal(first, again)
