@@ -41,12 +41,12 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 from rich.table import Table
 
 from distrl_stream.config import Config
-from distrl_stream.errors import DistrlError
+from distrl_stream.errors import DistrlError, UpError
 from distrl_stream.events import MetricEvent, decode
-from distrl_stream.inference.server import free_port
-from distrl_stream.kafka.broker import EmbeddedBroker, _die_with_parent, _port_free
+from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.processes import die_with_parent, free_port, port_free, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ log = logging.getLogger(__name__)
 # `monitor`, `replay` and `topics` find the broker afterwards without any flag.
 DEFAULT_BROKER_PORT = 9092
 _LOG_TAIL_LINES = 25
-
-
-class UpError(DistrlError):
-    """`up` could not bring the run up, or a role died while it ran (the message names it and ends with its log)."""
 
 
 # Reports progress of a slow start: (stage, state) with state "start" | "done".
@@ -120,7 +116,7 @@ class ChildProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
 
     @property
@@ -145,7 +141,7 @@ class ChildProcess:
         if self._proc.poll() is None:
             # The tree is read first: a descendant in a session of its own is reparented once its parent exits.
             self._family = descendants(self._proc.pid)
-            _signal_group(self._proc.pid, signal.SIGTERM)
+            signal_group(self._proc.pid, signal.SIGTERM)
 
     def stop(self, grace_s: float) -> int | None:
         """:meth:`terminate`, wait up to ``grace_s``, then SIGKILL the group and every descendant seen.
@@ -162,7 +158,7 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 log.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, grace_s)
                 self._family |= descendants(self._proc.pid)
-        _signal_group(self._proc.pid, signal.SIGKILL)
+        signal_group(self._proc.pid, signal.SIGKILL)
         self._proc.wait()
         _kill_all(self._family)
         if self._log is not None:
@@ -264,7 +260,7 @@ class LocalStack:
         stage("policy model", "done")
         # The configured port when it is free (default 8000), else any: a busy port must not stop a local run.
         port = self.cfg.inference.port
-        if not port or not _port_free(port):
+        if not port or not port_free(port):
             port = free_port(self.cfg.inference.host)
         self.server_url = f"http://{self.cfg.inference.host}:{port}"
         self.child_env.update(
@@ -293,7 +289,7 @@ class LocalStack:
 
     def _start_broker(self) -> None:
         b = self.cfg.broker
-        port = b.port or (DEFAULT_BROKER_PORT if _port_free(DEFAULT_BROKER_PORT) else 0)
+        port = b.port or (DEFAULT_BROKER_PORT if port_free(DEFAULT_BROKER_PORT) else 0)
         self.broker = EmbeddedBroker(
             self.cfg.data_dir / "kafka",
             kafka_home=b.kafka_home,
@@ -492,12 +488,6 @@ def _kill_all(pids: set[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-
-
-def _signal_group(pgid: int | None, sig: signal.Signals) -> None:
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
 
 
 class _Stages:

@@ -12,11 +12,9 @@ processes never outlive :meth:`InferenceServer.stop`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +27,7 @@ import httpx
 from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
 from distrl_stream.inference.client import served_name
+from distrl_stream.processes import free_port, signal_group
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +53,6 @@ def cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 class InferenceServer:
@@ -232,7 +224,7 @@ class InferenceServer:
         """SIGTERM the process group, wait ``stop_timeout_s``, then SIGKILL whatever is left. Idempotent."""
         proc, self._proc = self._proc, None
         if proc is not None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=self.inference.stop_timeout_s)
             except subprocess.TimeoutExpired:
@@ -240,7 +232,7 @@ class InferenceServer:
                     "vLLM server %d ignored SIGTERM for %.0fs; killing it", proc.pid, self.inference.stop_timeout_s
                 )
             # The leader may be gone while engine/worker children linger: kill the whole group regardless.
-            _signal_group(proc.pid, signal.SIGKILL)
+            signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
         if self._log_fh is not None:
             self._log_fh.close()
@@ -263,8 +255,3 @@ class InferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(pgid, sig)

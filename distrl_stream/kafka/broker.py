@@ -16,16 +16,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import ctypes
 import fcntl
 import json
 import logging
 import os
 import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -41,6 +38,7 @@ from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import BrokerError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.install import find_kafka_home, installation_name
+from distrl_stream.processes import die_with_parent, free_port, port_free
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +287,7 @@ class EmbeddedBroker:
                 stderr=subprocess.STDOUT,
                 cwd=self.run_dir,
                 start_new_session=detach,  # detached: no terminal signal (Ctrl-C) reaches it
-                preexec_fn=None if detach else _die_with_parent,
+                preexec_fn=None if detach else die_with_parent,
             )
         return self._process
 
@@ -459,27 +457,9 @@ def _find_java() -> str:
 
 
 def _reuse_or_free_port(preferred: int | None, avoid: set[int] | None = None) -> int:
-    if preferred and preferred not in (avoid or set()) and _port_free(preferred):
+    if preferred and preferred not in (avoid or set()) and port_free(preferred):
         return preferred
     while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         if port not in (avoid or set()):
             return port
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM it when the parent dies (no orphaned JVMs)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG

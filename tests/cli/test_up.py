@@ -25,10 +25,10 @@ from typer.testing import CliRunner
 from distrl_stream.analysis.replay import read_weight_versions
 from distrl_stream.cli.main import app
 from distrl_stream.config import KafkaConfig
-from distrl_stream.inference.server import free_port
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.vllm]
 RUN = "e2e"

@@ -14,9 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
 from distrl_stream.inference.client import ActionResult, InferenceClient
-from distrl_stream.inference.server import free_port
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
 from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.processes import free_port
 from tests.fixtures.vllm import VllmService
 
 # bf16 on the server vs fp32 here: the bound on the mean |gap| per action.
