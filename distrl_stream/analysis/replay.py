@@ -11,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
-
-from confluent_kafka import KafkaException, Message
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import ConfigError, EventDecodeError, KafkaClientError
+from distrl_stream.errors import ConfigError, EventDecodeError
 from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, decode, from_epoch_ms
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
@@ -174,7 +171,7 @@ def read_trajectories(
     counts = counts if counts is not None else ReadCounts()
     topic = TopicNames(run).trajectories
     total = _expected_records(kafka, topic, selection) if progress is not None else None
-    for msg in _read(kafka, topic, since=selection.since, until=selection.until, timeout_s=timeout_s):
+    for msg in read_topic(kafka, topic, since=selection.since, until=selection.until, timeout_s=timeout_s):
         counts.read += 1
         if progress is not None:
             progress(counts.read, total)
@@ -198,7 +195,7 @@ def read_weight_versions(kafka: KafkaConfig, run: str, *, timeout_s: float = 60.
         KafkaClientError: the topic does not exist or the cluster did not answer.
     """
     versions = []
-    for msg in _read(kafka, TopicNames(run).weights, timeout_s=timeout_s):
+    for msg in read_topic(kafka, TopicNames(run).weights, timeout_s=timeout_s):
         try:
             versions.append(decode(msg.value(), WeightVersionEvent))
         except EventDecodeError:
@@ -212,11 +209,3 @@ def _expected_records(kafka: KafkaConfig, topic: str, selection: ReplaySelection
         return None
     info = Admin(kafka).describe_topic(topic)
     return sum(p.high - p.low for p in info.partitions)
-
-
-def _read(kafka: KafkaConfig, topic: str, **kwargs: Any) -> Iterator[Message]:
-    """:func:`read_topic`, with the client's own errors (an unreachable cluster) turned into the typed one."""
-    try:
-        yield from read_topic(kafka, topic, **kwargs)
-    except KafkaException as exc:
-        raise KafkaClientError(f"cannot read {topic} from {kafka.bootstrap_servers}: {exc.args[0].str()}") from None

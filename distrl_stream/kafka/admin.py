@@ -99,6 +99,11 @@ class Admin:
                 err = exc.args[0]
                 if not (exist_ok and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
                     raise KafkaClientError(f"cannot create topic {name}: {err.str()}") from None
+            except TimeoutError:
+                raise KafkaClientError(
+                    f"cannot create topic {name}: Kafka at {self.kafka.bootstrap_servers} "
+                    f"did not answer within {self.timeout_s:.0f} s"
+                ) from None
         self._wait_until_usable([s.name for s in specs])
         return created
 
@@ -120,6 +125,11 @@ class Admin:
                 err = exc.args[0]
                 if not (missing_ok and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART):
                     raise KafkaClientError(f"cannot delete topic {name}: {err.str()}") from None
+            except TimeoutError:
+                raise KafkaClientError(
+                    f"cannot delete topic {name}: Kafka at {self.kafka.bootstrap_servers} "
+                    f"did not answer within {self.timeout_s:.0f} s"
+                ) from None
         self._wait_until_gone(deleted)
         return deleted
 

@@ -274,8 +274,25 @@ def read_topic(
         timeout_s: a bound on the whole read.
 
     Raises:
-        KafkaClientError: the topic does not exist, or the read did not reach the watermarks within ``timeout_s``.
+        KafkaClientError: the cluster did not answer, the topic does not exist, or the read did not reach the
+            watermarks within ``timeout_s``.
     """
+    try:
+        yield from _read_topic(kafka, topic, since=since, until=until, timeout_s=timeout_s, overrides=overrides)
+    except KafkaException as exc:
+        # The client's own exception (an unreachable cluster, say) becomes the typed one every caller handles.
+        raise KafkaClientError(f"cannot read {topic} from {kafka.bootstrap_servers}: {exc.args[0].str()}") from None
+
+
+def _read_topic(
+    kafka: KafkaConfig,
+    topic: str,
+    *,
+    since: datetime | int | None,
+    until: datetime | int | None,
+    timeout_s: float,
+    overrides: Mapping[str, Any] | None,
+) -> Iterator[Message]:
     since_ms, until_ms = _epoch_ms(since), _epoch_ms(until)
     conf = client_config(
         kafka,

@@ -37,6 +37,11 @@ class TopicNames:
         """DeadLetters: records some consumer could not use."""
         return f"{self.run}.dlq"
 
+    @property
+    def learner_group(self) -> str:
+        """The learners' consumer group on the trajectories; the monitor reads its lag."""
+        return f"{self.run}.learner"
+
     def all(self) -> tuple[str, str, str, str]:
         """All four names, in layout order."""
         return (self.trajectories, self.weights, self.metrics, self.dlq)

@@ -24,11 +24,6 @@ from distrl_stream.monitor.state import MonitorState
 log = logging.getLogger(__name__)
 
 
-def learner_group(run: str) -> str:
-    """The learners' consumer group (the learner names it so: ``{run}.learner``)."""
-    return f"{run}.learner"
-
-
 class MetricFeed:
     """Reads a run's metrics and Kafka-side numbers into a :class:`MonitorState`.
 
@@ -138,7 +133,7 @@ class MetricFeed:
         marks = self._watermarks(self.topics.trajectories)
         if marks is None:
             return None
-        group = learner_group(self.cfg.run)
+        group = self.topics.learner_group
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(self.topics.trajectories, p) for p in marks])
         try:
             future = self._admin.client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group]

@@ -18,7 +18,7 @@ from distrl_stream.events import MetricEvent, encode, epoch_ms, event_key, utc_n
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
-from distrl_stream.monitor.feed import MetricFeed, learner_group
+from distrl_stream.monitor.feed import MetricFeed
 from distrl_stream.monitor.live import watch
 from distrl_stream.monitor.state import MonitorState
 
@@ -79,7 +79,7 @@ def test_group_lag_and_dead_letters_come_from_kafka(run_config: Config, run_topi
         feed.refresh_kafka()
         assert state.snapshot(utc_now()).consumer_lag is None  # no learner has committed anything yet
         assert state.snapshot(utc_now()).dlq_records == 3
-        with Consumer(run_config.kafka, group_id=learner_group(run_config.run)) as learner:
+        with Consumer(run_config.kafka, group_id=TopicNames(run_config.run).learner_group) as learner:
             learner.client.commit(offsets=[TopicPartition(run_topics.trajectories, 0, 4)], asynchronous=False)
         feed.refresh_kafka()
         assert state.snapshot(utc_now()).consumer_lag == 6
