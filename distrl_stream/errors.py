@@ -138,3 +138,7 @@ class CheckpointError(LearnerError):
 
 class EvaluationError(LearnerError):
     """A held-out evaluation could not measure what it was asked to (the expected version is not the one served)."""
+
+
+class UpError(DistrlError):
+    """`up` could not bring the run up, or a role died while it ran (the message names it and ends with its log)."""
