@@ -178,12 +178,15 @@ class Collector:
     async def run(self) -> CollectorReport:
         """Collect until stopped (or ``max_episodes`` / ``duration_s``), then flush and report.
 
-        Raises:
-            KafkaClientError: the run's topics cannot be created or read at start-up (nothing has run yet).
+        Start-up waits (retrying) until the run's topics exist on a reachable cluster, so collectors may start before
+        the broker; a stop request during that wait ends the run with nothing collected.
         """
         started = time.monotonic()
         settings = self.settings
-        await asyncio.to_thread(ensure_run_topics, self.cfg)
+        background: list[asyncio.Task[None]] = []
+        if settings.duration_s is not None:
+            background.append(asyncio.create_task(self._stop_after(settings.duration_s), name="duration"))
+        ready = await self._until_ready("creating the run's topics", lambda: ensure_run_topics(self.cfg))
         self._producer = Producer(self.cfg.kafka, client_id=f"collector-{self.collector_id}")
         inference = self.cfg.inference
         if settings.mode == "sync":
@@ -192,7 +195,7 @@ class Collector:
         self._client = InferenceClient(inference, self.cfg.model.policy_id)
         if settings.max_policy_lag is not None:
             self._published = PublishedVersions(self.cfg, self._producer, f"collector-{self.collector_id}-weights")
-            await asyncio.to_thread(self._published.start)
+            ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
         if self._sampler is None:
             tasks = await asyncio.to_thread(task_pool, self.cfg.env, settings.split)
             self._sampler = UniformSampler(tasks, seed=stable_int(f"{self.cfg.env.seed}:{self.collector_id}"))
@@ -206,13 +209,13 @@ class Collector:
             self._client.base_url,
             self.cfg.run,
         )
-        background = [
+        background += [
             asyncio.create_task(self._pump_producer(), name="producer-poll"),
             asyncio.create_task(self._report_metrics(), name="metrics"),
         ]
-        if settings.duration_s is not None:
-            background.append(asyncio.create_task(self._stop_after(settings.duration_s), name="duration"))
-        if settings.mode == "sync":
+        if not ready:
+            workers = []
+        elif settings.mode == "sync":
             workers = [asyncio.create_task(self._sync_rounds(), name="rounds")]
         else:
             workers = [asyncio.create_task(self._slot(i), name=f"slot-{i}") for i in range(settings.envs)]
@@ -271,6 +274,19 @@ class Collector:
         finally:
             stop.cancel()
             abandon.cancel()
+
+    async def _until_ready(self, what: str, step: Callable[[], object]) -> bool:
+        """Run a blocking start-up step off the loop, retrying while Kafka fails it; False when stopped first."""
+        backoff = max(self.settings.error_backoff_s, 0.5)
+        while not self.stopping:
+            try:
+                await asyncio.to_thread(step)
+                return True
+            except KafkaClientError as exc:
+                log.warning("%s failed (%s); retrying in %.0fs", what, exc, backoff)
+                await self._sleep(backoff)
+                backoff = min(2 * backoff, max(self.settings.error_backoff_max_s, backoff))
+        return False
 
     async def _stop_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)

@@ -82,6 +82,28 @@ async def test_eight_envs_publish_complete_trajectories_that_match_the_envs_and_
     assert final[0].values["steps_total"] == sum(len(e.steps) for e in events)
 
 
+async def test_free_mode_records_the_raw_text_and_the_env_verdict_on_it(
+    collector_config: Callable[..., Config],
+) -> None:
+    cfg = collector_config(inference={"mode": "free", "max_tokens": 24}, collector={"envs": 4, "max_episodes": 4})
+    report = await asyncio.wait_for(Collector(cfg).run(), 180)
+
+    assert report.delivered == 4
+    pool = {task.id: task for task in task_pool(cfg.env, "train")}
+    for event in trajectories(cfg):
+        assert event.mode == "free" and event.termination in ENDED
+        env = SimEnv()
+        obs = await env.reset(pool[event.task_id])
+        for step in event.steps:
+            assert step.candidates == [] and step.observation == obs.screen
+            # The untrained model's free text goes to the env as is; its verdict and reason are recorded.
+            result = await env.step(step.action_text)
+            assert (step.valid, step.invalid_reason) == (result.info.valid, result.info.reason)
+            assert step.action == (result.info.action_text if result.info.valid else "")
+            assert step.token_ids.to_numpy().size == step.token_logprobs.to_numpy().size >= 1
+            obs = result.observation
+
+
 async def test_sync_mode_runs_rounds_that_never_mix_versions(
     collector_config: Callable[..., Config],
     noop_adapter: Path,

@@ -95,7 +95,8 @@ def test_inference_server_stopped_mid_run_ends_episodes_and_the_collector_recove
     collector_config: Callable[..., Config], tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     # A server of its own: the session's server must keep serving the other tests.
-    inference = InferenceConfig(port=0, device="cpu", startup_timeout_s=240.0)
+    # Start-up takes 30-60 s on 2 idle cores and minutes when other servers share them.
+    inference = InferenceConfig(port=0, device="cpu", startup_timeout_s=480.0)
     server = InferenceServer(tiny_model_dir, inference, ModelConfig(), tmp_path / "vllm.log")
     server.start()
     restarted: InferenceServer | None = None
