@@ -171,6 +171,11 @@ class LearnerConfig(Section):
     max_policy_lag: int = Field(
         10, ge=0, description="Drop trajectories more than this many versions behind the learner. Source: ours."
     )
+    advantage_centering: bool = Field(
+        False,
+        description="A-RIDE: subtract each batch's mean advantage before the policy loss (a batch baseline). "
+        "Source: ours (off = the paper's A_t).",
+    )
     critic_warmup_updates: int = Field(
         0,
         ge=0,

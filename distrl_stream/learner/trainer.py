@@ -235,10 +235,11 @@ class Trainer:
             batch.rewards, values, bootstrap, batch.done, rhos, batch.mask, cfg.gamma, cfg.retrace_lambda, cfg.c_bar
         )
         adv = aride.advantages(batch.rewards, values, v_ret, bootstrap, batch.done, batch.mask, cfg.gamma)
+        policy_adv = adv - aride.masked_mean(adv, batch.mask) if cfg.advantage_centering else adv
         pl = aride.policy_loss(
             logp,
             rhos,
-            adv,
+            policy_adv * batch.mask,
             entropy,
             batch.invalid,
             batch.mask,
