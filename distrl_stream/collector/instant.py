@@ -10,12 +10,12 @@ watcher verifies and hot-loads it. This is the most favourable learner sync mode
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from distrl_stream.background import BackgroundFollower
 from distrl_stream.collector.collector import base_model_id
 from distrl_stream.config import Config, ModelConfig
 from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, decode, utc_now
@@ -67,7 +67,7 @@ def publish_version(cfg: Config, producer: Producer, version: int, adapter: Path
     producer.produce_event(TopicNames(cfg.run).weights, event)
 
 
-class InstantLearner:
+class InstantLearner(BackgroundFollower):
     """Publishes version v+1 as soon as ``round_episodes`` trajectories acted by version v are on the topic.
 
     Runs in a daemon thread; :attr:`published` lists ``(version, monotonic time)`` of each version it published.
@@ -79,35 +79,16 @@ class InstantLearner:
         start_version: the version being served when it starts.
     """
 
+    thread_name = "instant-learner"
+
     def __init__(self, cfg: Config, adapter: Path, round_episodes: int, start_version: int = 0) -> None:
+        super().__init__()
         self.cfg = cfg
         self.adapter = adapter
         self.round_episodes = round_episodes
         self.version = start_version
         self.consumed = 0
         self.published: list[tuple[int, float]] = []
-        self.failed: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        """Start following the trajectories topic."""
-        self._thread = threading.Thread(target=self._run, name="instant-learner", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the thread (its clients are closed)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def _run(self) -> None:
-        try:
-            self._follow()
-        except BaseException as exc:  # reported through `failed`
-            log.exception("instant learner failed")
-            self.failed = exc
 
     def _follow(self) -> None:
         topics = TopicNames(self.cfg.run)

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
 from distrl_stream.errors import AdapterVerificationError, ArtifactError, DistrlError, InferenceError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
@@ -147,7 +148,7 @@ class AdapterLoader:
             raise InferenceError(f"{path} {payload} on {self.server_url}: HTTP {response.status_code}: {response.text}")
 
 
-class WeightWatcher:
+class WeightWatcher(BackgroundFollower):
     """Follows ``{run}.weights`` in a background thread and hot-loads new versions (see the module docstring).
 
     Args:
@@ -158,6 +159,8 @@ class WeightWatcher:
         catch_up_timeout_s: bound on reading the topic's backlog before going live.
     """
 
+    thread_name = "weight-watcher"
+
     def __init__(
         self,
         cfg: Config,
@@ -167,6 +170,7 @@ class WeightWatcher:
         staging_dir: Path | None = None,
         catch_up_timeout_s: float = 60.0,
     ) -> None:
+        super().__init__()
         self.cfg = cfg
         self.topics = TopicNames(cfg.run)
         self.source_id = source_id or f"{socket.gethostname()}:{server_url.rsplit(':', 1)[-1]}"
@@ -178,34 +182,12 @@ class WeightWatcher:
         )
         self.catch_up_timeout_s = catch_up_timeout_s
         self.refused: list[tuple[int, str]] = []
-        self.failed: BaseException | None = None
         self.caught_up = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def newest_version(self) -> int:
         """The newest version this watcher has loaded (0 = the base model only)."""
         return self.loader.newest
-
-    def start(self) -> None:
-        """Start following the topic in a daemon thread."""
-        self._thread = threading.Thread(target=self._run, name="weight-watcher", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop the thread (it closes its Kafka clients) and wait for it."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
-
-    def _run(self) -> None:
-        try:
-            self._follow()
-        except BaseException as exc:  # reported through `failed`; the serve command stops on it
-            log.exception("weight watcher failed")
-            self.failed = exc
 
     def _follow(self) -> None:
         ensure_run_topics(self.cfg)
