@@ -47,7 +47,7 @@ class Consumer:
 
     Process, mark, commit::
 
-        with Consumer(cfg.kafka, group_id=f"{cfg.run}.learner") as consumer:
+        with Consumer(cfg.kafka, group_id=topics.learner_group) as consumer:
             consumer.subscribe([topics.trajectories])
             while running:
                 msg = consumer.poll(1.0)

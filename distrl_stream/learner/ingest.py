@@ -46,11 +46,6 @@ log = logging.getLogger(__name__)
 INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENCE_ERROR, Termination.ABANDONED})
 
 
-def learner_group(run: str) -> str:
-    """The consumer group of a run's learners: ``{run}.learner``."""
-    return f"{run}.learner"
-
-
 def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
     """Convert a trajectory event into the learner's episode record.
 
@@ -267,8 +262,8 @@ class TrajectoryReader:
     def _read(self) -> None:
         ensure_run_topics(self.cfg)
         producer = self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-dlq")
-        consumer = Consumer(self.cfg.kafka, group_id=learner_group(self.cfg.run), client_id=f"learner-{self.member_id}")
-        dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{learner_group(self.cfg.run)}/{self.member_id}")
+        consumer = Consumer(self.cfg.kafka, group_id=self.topics.learner_group, client_id=f"learner-{self.member_id}")
+        dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{self.topics.learner_group}/{self.member_id}")
         limit = self.cfg.learner.ingest_queue_episodes
         try:
             consumer.subscribe([self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke)
