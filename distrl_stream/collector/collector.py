@@ -510,24 +510,8 @@ class Collector:
         return outcome
 
     def _trajectory(self, outcome: EpisodeOutcome) -> TrajectoryEvent:
-        task = outcome.task
-        return TrajectoryEvent(
-            run=self.cfg.run,
-            episode_id=outcome.episode_id,
-            collector_id=self.collector_id,
-            env_kind=task.env,
-            task_id=task.id,
-            task_template=task.template,
-            instruction=outcome.instruction,
-            split=task.split,
-            mode=self.mode,
-            base_model=base_model_id(self.cfg.model),
-            started_at=outcome.started_at,
-            ended_at=outcome.ended_at,
-            termination=outcome.termination,
-            total_reward=outcome.total_reward,
-            success=outcome.success,
-            steps=outcome.steps,
+        return outcome.to_event(
+            run=self.cfg.run, collector_id=self.collector_id, mode=self.mode, base_model=base_model_id(self.cfg.model)
         )
 
     # --- Kafka -----------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl_stream.envs.base import DeviceEnv, Observation, Task
-from distrl_stream.events import Step, Tensor, Termination, utc_now
+from distrl_stream.events import Step, Tensor, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import InferenceClient, Mode
 from distrl_stream.policy.prompt import build_prompt
 
@@ -58,6 +58,27 @@ class EpisodeOutcome:
     def total_reward(self) -> float:
         """Sum of the steps' rewards."""
         return sum(step.reward for step in self.steps)
+
+    def to_event(self, *, run: str, collector_id: str, mode: Mode, base_model: str) -> TrajectoryEvent:
+        """The trajectory event that publishes this episode (key: ``episode_id``)."""
+        return TrajectoryEvent(
+            run=run,
+            episode_id=self.episode_id,
+            collector_id=collector_id,
+            env_kind=self.task.env,
+            task_id=self.task.id,
+            task_template=self.task.template,
+            instruction=self.instruction,
+            split=self.task.split,
+            mode=mode,
+            base_model=base_model,
+            started_at=self.started_at,
+            ended_at=self.ended_at,
+            termination=self.termination,
+            total_reward=self.total_reward,
+            success=self.success,
+            steps=self.steps,
+        )
 
 
 class ScreenshotStore:
