@@ -40,7 +40,7 @@ class KafkaConfig(Section):
     client: dict[str, str] = Field(
         default_factory=dict,
         description="Extra librdkafka properties passed to every client (producer, consumer, admin), e.g. "
-        "security.protocol, sasl.mechanism, sasl.username, ssl.ca.location. Env: DISTRL_KAFKA__CLIENT='{\"k\":\"v\"}'.",
+        'security.protocol, sasl.mechanism, sasl.username, ssl.ca.location. Env: DISTRL_KAFKA__CLIENT=\'{"k":"v"}\'.',
     )
     trajectory_partitions: int = Field(
         4, ge=1, description="Partitions of {run}.trajectories: the most learner-group members that can share it."
@@ -484,9 +484,9 @@ class Config(BaseSettings):
     )
     kafka: KafkaConfig = Field(default_factory=KafkaConfig)
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
-    learner: LearnerConfig = Field(default_factory=LearnerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
 
