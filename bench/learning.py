@@ -1,0 +1,552 @@
+"""Training efficiency: A-RIDE with asynchronous collection vs synchronous DigiRL-style rounds vs filtered BC.
+
+The paper's claim (DistRL §5): about 3x training efficiency over synchronous multi-machine DigiRL. Measured here
+side by side in one run, on the same machine, for the same wall-clock budget per method:
+
+- **aride_async** (DistRL): the collector's K envs loop on their own with the newest served version; the learner
+  trains A-RIDE (Retrace, IS-weighted advantages, DPER) continuously and publishes every ``updates_per_version``.
+- **digirl_sync** (DigiRL multi-machine): rounds. Each env runs one episode on version v (barrier at the slowest),
+  the learner (round mode, ``round_episodes`` = K) does ``updates_per_version`` DigiRL-style updates (trajectory-critic
+  top-quantile filter, binarised doubly-robust step advantage) and publishes v+1, the collector waits for it.
+- **filtered_bc_async**: asynchronous collection, the learner imitates successful episodes.
+
+Same starting policy for all (an honest warm start, the paper's off-to-on setting): a noisy scripted policy (the
+simulator's oracle, replaced by a uniformly random candidate with probability ``--noise``) plays the train tasks into
+a topic of its own; a short behaviour-cloning pass on that replayed topic (``Learner.pretrain``, the ``learn
+--from-replay`` path) gives the warm adapter, whose held-out success must be at most 50%. Each method's learner
+starts from it (``learner.init_adapter``) and publishes it as version 1.
+
+Same environments: the simulated phone in choice mode with heavy-tailed step latency (log-normal around a per-task
+scale spanning 100x, as DistRL reports for Android), K envs in one collector, one vLLM server (tiny local model).
+
+Same split of the machine: DistRL's learner trains on a device of its own while workers collect, so the learner
+process gets one CPU core to itself and the vLLM server, the collector and the broker the other(s), for every method
+(``--shared-cores``: all roles share all cores, which makes the asynchronous learner compete with collection).
+
+Evaluation happens after the fact, so it never takes CPU from training: every method's published versions (evenly
+spaced in time, at most ``--points`` of them, always the last) are verified and hot-loaded one by one into the same
+server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.evaluation``).
+
+Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3; a method that never reaches 80% counts as
+the whole budget, and ``metrics`` says so); ``metrics`` has every method's curve, final success, the untrained and
+warm-start success, and the run's settings. Time of a version = when the learner published it, from the moment the
+method's processes were launched.
+
+Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores]`` writes
+``bench/results/learning.json`` and ``bench/results/learning.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from distrl_stream.collector import run_episode
+from distrl_stream.collector.collector import base_model_id
+from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
+from distrl_stream.envs.sim import SimEnv
+from distrl_stream.envs.sim.oracle import OracleError
+from distrl_stream.envs.tasks import task_pool
+from distrl_stream.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
+from distrl_stream.events import WeightVersionEvent, decode, epoch_ms
+from distrl_stream.inference.client import ActionResult
+from distrl_stream.inference.server import InferenceServer
+from distrl_stream.inference.versions import WeightWatcher
+from distrl_stream.kafka.broker import EmbeddedBroker
+from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.learner.role import Learner, adapter_dir
+from distrl_stream.policy.model import build_model
+
+RESULTS = Path(__file__).parent / "results" / "learning.json"
+PLOT = RESULTS.with_suffix(".png")
+TARGET_RATIO = 3.0
+TARGET_SUCCESS = 0.8
+CLI = str(Path(sys.executable).with_name("distrl-stream"))
+
+# Templates whose instructions the tiny model tells apart by their first words (music_option's "Turn on Shuffle in
+# Music" is confused with turn_on_setting's "Turn on Wi-Fi": docs/learner.md), each needing two right choices.
+TEMPLATES = ["take_photo", "turn_on_setting", "alarm_on"]
+# The learner's settings shared by every method: the CPU/tiny-model profile of docs/learner.md (the paper's loss plus
+# a critic warm-up and batch-centred advantages, which keep A-RIDE from drifting; the baselines ignore both).
+LEARNER = {
+    "policy_lr": 1e-3,
+    "critic_lr": 1e-3,
+    "entropy_coef": 0.0,
+    "critic_warmup_updates": 20,
+    "advantage_centering": True,
+    "batch_episodes": 8,
+    "min_buffer_episodes": 8,
+    "updates_per_version": 10,
+    "priority_refresh_interval": 100,
+    "buffer_capacity_steps": 3000,
+    "checkpoint_interval_updates": 100,
+    "metrics_interval_s": 5.0,
+    "threads": 1,
+}
+WARM_LR = 3e-3
+METHODS: dict[str, dict[str, Any]] = {
+    "aride_async": {"algorithm": "aride", "mode": "async"},
+    "digirl_sync": {"algorithm": "digirl", "mode": "sync"},
+    "filtered_bc_async": {"algorithm": "filtered_bc", "mode": "async"},
+}
+
+log = logging.getLogger("bench.learning")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The warm start: a noisy scripted policy, recorded into a topic, then behaviour cloning on the replayed topic
+# ------------------------------------------------------------------------------------------------------------------
+
+
+class ScriptedPolicy:
+    """The simulator's oracle, replaced by a uniform random candidate with probability ``noise``.
+
+    It answers like :class:`~distrl_stream.inference.client.InferenceClient` (``act``), so the collector's own
+    episode loop records its episodes; the actions are tokenised as the policy's tokenizer spells them, and the
+    behaviour log-prob is the scripted policy's own probability of the chosen candidate.
+    """
+
+    def __init__(self, env: SimEnv, tokenizer: Any, noise: float, rng: random.Random) -> None:
+        self.env = env
+        self.tokenizer = tokenizer
+        self.noise = noise
+        self.rng = rng
+
+    async def act(self, prompt: str, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> ActionResult:
+        options = list(candidates or ())
+        try:
+            oracle = self.env.oracle_action()
+        except OracleError:  # a random action made the task impossible (e.g. deleted the alarm to turn on)
+            oracle = None
+        best = oracle.to_text() if oracle is not None else self.rng.choice(options)
+        text = self.rng.choice(options) if self.rng.random() < self.noise else best
+        probability = (1 - self.noise) * (text == best) + self.noise / len(options)
+        ids = (*self.tokenizer(text)["input_ids"], self.tokenizer.eos_token_id)
+        logprobs = (math.log(probability), *([0.0] * (len(ids) - 1)))
+        return ActionResult(
+            text=text,
+            token_ids=ids,
+            tokens=tuple(self.tokenizer.convert_ids_to_tokens(list(ids))),
+            token_logprobs=logprobs,
+            logprob=sum(logprobs),
+            prompt_token_ids=(),
+            model="scripted",
+            version=0,
+            mode="choice",
+            finish_reason="stop",
+            latency_s=0.0,
+        )
+
+
+async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: float, seed: int) -> float:
+    """Play ``episodes`` train tasks with the scripted policy into ``{cfg.run}.trajectories``; returns its success."""
+    rng = random.Random(seed)
+    tasks = task_pool(cfg.env, "train", 400)
+    ensure_run_topics(cfg)
+    wins = 0
+    with Producer(cfg.kafka, client_id="scripted") as producer:
+        for _ in range(episodes):
+            env = SimEnv()
+            task = rng.choice(tasks)
+            policy = ScriptedPolicy(env, tokenizer, noise, rng)
+            outcome = await run_episode(env, task, policy, "choice", episode_id=uuid.uuid4().hex)  # type: ignore[arg-type]
+            wins += outcome.success
+            event = outcome.to_event(
+                run=cfg.run, collector_id="scripted", mode="choice", base_model=base_model_id(cfg.model)
+            )
+            producer.produce_event(TopicNames(cfg.run).trajectories, event)
+        producer.flush()
+    return wins / episodes
+
+
+def warm_start(cfg: Config, scripted_run: str, updates: int) -> Path:
+    """Behaviour cloning on the replayed scripted topic; returns the adapter it publishes as version 1."""
+    learner = Learner(cfg)
+    try:
+        learner.start(from_replay=scripted_run, replay_updates=updates, replay_algorithm="bc")
+    finally:
+        learner.close()
+    return adapter_dir(cfg, 1)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Training runs
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def config_env(sections: dict[str, Any]) -> dict[str, str]:
+    """``DISTRL_*`` variables for child processes: ``{"learner": {"policy_lr": 1}}`` → ``DISTRL_LEARNER__POLICY_LR``."""
+    out = {}
+    for key, value in sections.items():
+        if isinstance(value, dict):
+            for field_name, item in value.items():
+                out[f"DISTRL_{key.upper()}__{field_name.upper()}"] = _env_value(item)
+        else:
+            out[f"DISTRL_{key.upper()}"] = _env_value(value)
+    return out
+
+
+def _env_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, list | dict | bool) else str(value)
+
+
+@dataclass
+class TrainRun:
+    """What one method did within its budget."""
+
+    method: str
+    run: str
+    launched: float  # epoch seconds
+    versions: list[WeightVersionEvent] = field(default_factory=list)
+    trajectories: int = 0
+    learner_updates: int = 0
+
+    def seconds(self, event: WeightVersionEvent) -> float:
+        """When ``event`` was published, from the launch."""
+        return epoch_ms(event.created_at) / 1000.0 - self.launched
+
+
+def train(
+    method: str,
+    base: dict[str, Any],
+    root: Path,
+    server_url: str,
+    budget_s: float,
+    envs: int,
+    learner_cores: set[int] | None,
+) -> TrainRun:
+    """Run one method's learner and collector for ``budget_s`` seconds (with a weight watcher on the server).
+
+    ``learner_cores``: the CPUs the learner process is confined to (None: it shares the bench's).
+    """
+    spec = METHODS[method]
+    run = f"{base['run']}-{method}"
+    sections = {
+        **base,
+        "run": run,
+        "learner": {
+            **base["learner"],
+            "algorithm": spec["algorithm"],
+            "round_episodes": envs if spec["mode"] == "sync" else 0,
+        },
+        "collector": {
+            "envs": envs,
+            "mode": spec["mode"],
+            "collector_id": f"{method}-c0",
+            "shutdown_grace_s": 0.0,
+            "version_refresh_s": 0.2,
+            "metrics_interval_s": 5.0,
+        },
+    }
+    cfg = load_config(None, **sections)
+    ensure_run_topics(cfg)
+    watcher = WeightWatcher(cfg, server_url=server_url, catch_up_timeout_s=30.0)
+    watcher.start()
+    env = {**os.environ, **config_env(sections)}
+    log_path = root / f"{method}.log"
+    procs = []
+    launched = time.time()
+    try:
+        with log_path.open("ab") as out:
+            pin = None if learner_cores is None else (lambda: os.sched_setaffinity(0, learner_cores))
+            for args, preexec in ((["learn"], pin), (["collect"], None)):
+                procs.append(
+                    subprocess.Popen([CLI, *args], env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec)
+                )
+        deadline = time.monotonic() + budget_s
+        while time.monotonic() < deadline:
+            for proc in procs:
+                if proc.poll() is not None:
+                    tail = log_path.read_text(errors="replace")[-3000:]
+                    raise RuntimeError(f"{method}: {proc.args[1]} exited {proc.returncode}:\n{tail}")
+            if watcher.failed is not None:
+                raise RuntimeError(f"{method}: weight watcher failed: {watcher.failed}")
+            time.sleep(1.0)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        watcher.stop()
+        unload_adapters(server_url)
+    topics = TopicNames(run)
+    versions = [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, topics.weights)]
+    result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
+    result.trajectories = sum(1 for _ in read_topic(cfg.kafka, topics.trajectories))
+    result.learner_updates = max((e.learner_step for e in versions), default=0)
+    log.info("%s: %d versions, %d trajectories in %.0fs", method, len(versions), result.trajectories, budget_s)
+    return result
+
+
+def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
+    """The learner's CPUs and everyone else's: one core of its own, as if on its own machine (None, None: shared).
+
+    DistRL's learner runs on its own GPU while workers collect; on one two-core machine, confining the learner to one
+    core and inference + collectors to the rest is the same split for every method. Without it, the asynchronous
+    methods' learner competes with collection for the same cores, which only a single machine would impose.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if shared or len(cores) < 2:
+        return None, None
+    return {cores[0]}, set(cores[1:])
+
+
+def unload_adapters(server_url: str) -> None:
+    """Leave only the base model served (between methods, every run starts its versions at 1)."""
+    with httpx.Client(base_url=server_url, timeout=60.0) as client:
+        for item in client.get("/v1/models").json()["data"]:
+            if item.get("parent"):
+                client.post("/v1/unload_lora_adapter", json={"lora_name": item["id"]}).raise_for_status()
+
+
+def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
+    """At most ``points`` versions published within the budget, evenly spaced in time, always the first and last."""
+    inside = [e for e in run.versions if run.seconds(e) <= budget_s]
+    if len(inside) <= points:
+        return inside
+    chosen = {0, len(inside) - 1}
+    for k in range(1, points - 1):
+        target = budget_s * k / (points - 1)
+        chosen.add(min(range(len(inside)), key=lambda i: abs(run.seconds(inside[i]) - target)))
+    return [inside[i] for i in sorted(chosen)]
+
+
+async def evaluate_curve(
+    cfg: Config, server_url: str, staging: Path, run: TrainRun, picked: list[WeightVersionEvent], tasks: list[Any]
+) -> list[dict[str, Any]]:
+    """Held-out success of each picked version, in ascending order, on the evaluation server."""
+    evaluator = VersionEvaluator(cfg, server_url, staging)
+    curve = []
+    try:
+        for event in picked:
+            result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=16)
+            curve.append(
+                {
+                    "version": event.version,
+                    "seconds": run.seconds(event),
+                    "learner_step": event.learner_step,
+                    "trajectories_consumed": event.trajectories_consumed,
+                    "success": result.success_rate,
+                    "by_template": result.by_template,
+                }
+            )
+            log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
+    finally:
+        unload_adapters(server_url)
+    return curve
+
+
+def time_to(curve: list[dict[str, Any]], target: float) -> float | None:
+    """Seconds until the first evaluated version at or above ``target`` (None: never within the budget)."""
+    return next((p["seconds"] for p in curve if p["success"] >= target), None)
+
+
+def plot(curves: dict[str, list[dict[str, Any]]], untrained: float, budget_s: float, path: Path) -> None:
+    """Held-out success over wall-clock time, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for method, curve in curves.items():
+        ax.plot([p["seconds"] / 60 for p in curve], [p["success"] for p in curve], marker="o", label=method)
+    ax.axhline(TARGET_SUCCESS, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET_SUCCESS:.0%}")
+    ax.axhline(untrained, color="black", linestyle=":", linewidth=1, label="untrained")
+    ax.set_xlim(0, budget_s / 60)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("wall-clock minutes since launch")
+    ax.set_ylabel("held-out success")
+    ax.set_title("Held-out success over time (same budget, same envs, same warm start)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Main
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="90 s per method and fewer evaluation tasks")
+    parser.add_argument("--budget", type=float, help="seconds per method (default 90 quick, 300 full)")
+    parser.add_argument("--envs", type=int, default=16, help="K: environments of the collector")
+    parser.add_argument("--latency-mean", type=float, default=0.5, help="mean sim step latency in seconds")
+    parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default 40 quick, 80 full)")
+    parser.add_argument("--points", type=int, default=8, help="versions evaluated per method")
+    parser.add_argument("--noise", type=float, default=0.5, help="scripted policy's random-action probability")
+    parser.add_argument("--scripted-episodes", type=int, default=300, help="episodes of the scripted policy")
+    parser.add_argument("--bc-updates", type=int, default=200, help="behaviour-cloning updates of the warm start")
+    parser.add_argument("--inference-url", help="use this running vLLM server (serving the tiny model) instead of one")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    parser.add_argument(
+        "--shared-cores",
+        action="store_true",
+        help="let every role share all CPUs (default: the learner gets a core of its own, as on its own machine)",
+    )
+    args = parser.parse_args()
+    budget = args.budget or (90.0 if args.quick else 300.0)
+    eval_tasks = args.eval_tasks or (40 if args.quick else 80)
+    methods = [m for m in args.methods.split(",") if m]
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    if not os.environ.get("KAFKA_HOME"):
+        shared = Path(__file__).resolve().parents[2] / "shared" / "kafka"
+        if shared.is_dir():
+            os.environ["KAFKA_HOME"] = str(shared)
+    started = time.monotonic()
+    learner_cores, serving_cores = split_cores(shared=args.shared_cores)
+    if serving_cores is not None:
+        # Inherited by everything the bench starts (broker, vLLM server, collectors); the learner is moved off it.
+        os.sched_setaffinity(0, serving_cores)
+
+    with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
+        root = Path(tmp)
+        model_dir = build_model(root / "tiny", "tiny", seed=0)
+        broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
+        bootstrap = broker.start()
+        server = InferenceServer(
+            model_dir, InferenceConfig(port=0, startup_timeout_s=300.0), ModelConfig(), root / "vllm.log"
+        )
+        if args.inference_url is None:
+            server.start()
+        server_url = args.inference_url or server.url
+        try:
+            prefix = f"bench-learning-{uuid.uuid4().hex[:6]}"
+            base: dict[str, Any] = {
+                "run": prefix,
+                "data_dir": str(root / "data"),
+                "kafka": {"bootstrap_servers": bootstrap},
+                "model": {"base": str(model_dir)},
+                "inference": {"url": server_url, "request_timeout_s": 60.0},
+                "env": {
+                    "templates": TEMPLATES,
+                    "latency": "lognormal",
+                    "latency_mean_s": args.latency_mean,
+                },
+                "learner": dict(LEARNER),
+            }
+            cfg = load_config(None, **base)
+            tasks = held_out_tasks(cfg, eval_tasks)
+
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            scripted_cfg = load_config(None, **{**base, "run": f"{prefix}-scripted"})
+            scripted_success = asyncio.run(
+                record_scripted(scripted_cfg, tokenizer, args.scripted_episodes, args.noise, seed=0)
+            )
+            # Cloning is supervised: it takes a larger step size than RL (same model, same data format).
+            warm_cfg = load_config(
+                None, **{**base, "run": f"{prefix}-warm", "learner": {**base["learner"], "policy_lr": WARM_LR}}
+            )
+            warm_adapter = warm_start(warm_cfg, scripted_cfg.run, args.bc_updates)
+            base["learner"]["init_adapter"] = str(warm_adapter)
+
+            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=16, version=0))
+            warm_event = next(
+                decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, TopicNames(warm_cfg.run).weights)
+            )
+            warm = asyncio.run(
+                VersionEvaluator(cfg, server_url, root / "staging-warm").evaluate(warm_event, tasks, concurrency=16)
+            )
+            unload_adapters(server_url)
+            log.info(
+                "untrained %.2f, scripted (noise %.2f) %.2f, warm start %.2f",
+                untrained.success_rate,
+                args.noise,
+                scripted_success,
+                warm.success_rate,
+            )
+
+            runs = {m: train(m, base, root, server_url, budget, args.envs, learner_cores) for m in methods}
+            curves = {
+                m: asyncio.run(
+                    evaluate_curve(
+                        cfg, server_url, root / f"staging-{m}", r, pick_versions(r, budget, args.points), tasks
+                    )
+                )
+                for m, r in runs.items()
+            }
+        finally:
+            server.stop()
+            broker.stop()
+
+    t80 = {m: time_to(c, TARGET_SUCCESS) for m, c in curves.items()}
+    async_t = t80.get("aride_async")
+    sync_t = t80.get("digirl_sync")
+    ratio = (sync_t if sync_t is not None else budget) / (async_t if async_t is not None else budget)
+    plot(curves, untrained.success_rate, budget, PLOT)
+    result: dict[str, Any] = {
+        "name": "learning",
+        "quick": args.quick,
+        "ratio": ratio,
+        "target": TARGET_RATIO,
+        "metrics": {
+            "time_to_80_s": {m: t for m, t in t80.items()},
+            "reached_80": {m: t is not None for m, t in t80.items()},
+            "ratio_note": "sync time-to-80% / async time-to-80%; a method that never reached 80% counts as the "
+            "whole budget",
+            "final_success": {m: c[-1]["success"] if c else None for m, c in curves.items()},
+            "best_success": {m: max((p["success"] for p in c), default=None) for m, c in curves.items()},
+            "untrained_success": untrained.success_rate,
+            "untrained_by_template": untrained.by_template,
+            "warm_start_success": warm.success_rate,
+            "warm_start_by_template": warm.by_template,
+            "scripted_policy_success": scripted_success,
+            "curves": curves,
+            "versions_published": {m: len(r.versions) for m, r in runs.items()},
+            "trajectories": {m: r.trajectories for m, r in runs.items()},
+            "learner_updates": {m: r.learner_updates for m, r in runs.items()},
+            "budget_s_per_method": budget,
+            "envs": args.envs,
+            "templates": TEMPLATES,
+            "latency": {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0},
+            "eval_tasks": eval_tasks,
+            "learner": LEARNER,
+            "scripted_noise": args.noise,
+            "scripted_episodes": args.scripted_episodes,
+            "bc_updates": args.bc_updates,
+            "model": "tiny (0.33M parameters, LoRA rank 8 on all projections)",
+            "wall_s": time.monotonic() - started,
+            "load_average_1min": os.getloadavg()[0],
+            "cores": {
+                "learner": sorted(learner_cores) if learner_cores else "shared",
+                "inference_and_collector": sorted(serving_cores) if serving_cores else "shared",
+            },
+        },
+    }
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in result.items() if k != "metrics"} | {"t80": t80}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
