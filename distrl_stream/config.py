@@ -200,6 +200,14 @@ class LearnerConfig(Section):
         100, ge=1, description="Updates between learner checkpoints. Source: ours."
     )
     seed: int = Field(0, description="Seed of the learner's sampling and initialisation. Source: ours.")
+    max_replay_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        description="Asynchronous mode: at most this many sampled episodes (updates × batch_episodes) per episode "
+        "ingested since the learner started (the buffer's episodes at start count as ingested); the learner waits "
+        "for data beyond it. 0: no cap (update as fast as the CPU allows). A learner on a fast device otherwise "
+        "replays the same episodes many times over and drifts. Source: ours (Acme's samples_per_insert).",
+    )
     round_episodes: int = Field(
         0,
         ge=0,

@@ -144,6 +144,7 @@ class Learner:
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: trajectories of the current version since the last publish
         self._round_updates_left = 0
+        self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -242,6 +243,7 @@ class Learner:
         self._reader = TrajectoryReader(self.cfg, self.member_id, self._start_offsets)
         self._reader.start()
         self._window = _Window()
+        self._replay_base = (trainer.updates, self.counters.ingested - len(trainer.buffer))
         clean = False
         try:
             while not stop.is_set():
@@ -319,10 +321,17 @@ class Learner:
         if not self.trainer.ready():
             return False
         if not self._round_mode():
-            return True
+            cap = self.settings.max_replay_ratio
+            return cap <= 0 or self.replay_ratio(next_update=True) <= cap
         if self._round_updates_left == 0 and self._round_new >= self.settings.round_episodes:
             self._round_updates_left = self.settings.updates_per_version
         return self._round_updates_left > 0
+
+    def replay_ratio(self, *, next_update: bool = False) -> float:
+        """Episodes sampled per episode ingested since :meth:`run` began (counting the buffer it began with)."""
+        base_updates, base_ingested = self._replay_base
+        updates = self.trainer.updates - base_updates + (1 if next_update else 0)
+        return updates * self.settings.batch_episodes / max(self.counters.ingested - base_ingested, 1)
 
     def _update_once(self) -> None:
         trainer = self.trainer
@@ -490,6 +499,7 @@ class Learner:
             "version": float(self.version),
             "updates": float(trainer.updates),
             "updates_per_s": window.updates / elapsed,
+            "replay_ratio": self.replay_ratio(),
             "trajectories_ingested": float(self.counters.ingested),
             "trajectories_dropped_stale": float(self.counters.stale),
             "trajectories_dropped_incomplete": float(self.counters.incomplete),

@@ -153,6 +153,26 @@ def test_round_mode_waits_for_a_round_of_the_current_version_then_publishes_once
     assert [e.version for e in weight_events(cfg)] == [1, 2]
 
 
+def test_replay_ratio_caps_updates_per_ingested_episode(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    cfg = learner_config(max_replay_ratio=2.0, batch_episodes=2, updates_per_version=100)
+    learner = started(cfg)
+    tokenizer = learner.trainer.tokenizer
+    running = Running(learner)
+    produce(cfg, sim_events(tokenizer, 4, seed=1, version=0))
+    # 4 episodes in at 2 samples per episode: 8 sampled episodes, 4 updates of 2, and no more.
+    running.wait_for("4 updates", lambda: learner.trainer.updates >= 4)
+    time.sleep(1.0)  # an uncapped learner makes several more updates of the tiny model within this second
+    assert learner.trainer.updates == 4
+    assert learner.replay_ratio() == 2.0
+    produce(cfg, sim_events(tokenizer, 2, seed=2, version=0))
+    running.wait_for("6 updates", lambda: learner.trainer.updates >= 6)
+    time.sleep(1.0)
+    running.finish()
+    assert learner.trainer.updates == 6
+
+
 def test_poison_stale_and_good_records_are_each_handled_and_logged(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
