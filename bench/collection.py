@@ -104,10 +104,6 @@ def main() -> None:
     duration = args.duration or (60.0 if args.quick else 240.0)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if not os.environ.get("KAFKA_HOME"):
-        shared = Path(__file__).resolve().parents[2] / "shared" / "kafka"
-        if shared.is_dir():
-            os.environ["KAFKA_HOME"] = str(shared)
 
     with tempfile.TemporaryDirectory(prefix="bench-collection-") as tmp:
         root = Path(tmp)

@@ -417,10 +417,6 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    if not os.environ.get("KAFKA_HOME"):
-        shared = Path(__file__).resolve().parents[2] / "shared" / "kafka"
-        if shared.is_dir():
-            os.environ["KAFKA_HOME"] = str(shared)
     started = time.monotonic()
     learner_cores, serving_cores = split_cores(shared=args.shared_cores)
     if serving_cores is not None:
