@@ -58,6 +58,7 @@ from typing import Any
 
 import httpx
 
+from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.collector import base_model_id
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
@@ -272,15 +273,17 @@ def train(
                 procs.append(
                     subprocess.Popen([CLI, *args], env=env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=preexec)
                 )
-        deadline = time.monotonic() + budget_s
-        while time.monotonic() < deadline:
-            for proc in procs:
-                if proc.poll() is not None:
-                    tail = log_path.read_text(errors="replace")[-3000:]
-                    raise RuntimeError(f"{method}: {proc.args[1]} exited {proc.returncode}:\n{tail}")
-            if watcher.failed is not None:
-                raise RuntimeError(f"{method}: weight watcher failed: {watcher.failed}")
-            time.sleep(1.0)
+        began = time.monotonic()
+        with progress_bar(f"{method}: training (seconds of the budget)") as update:
+            while (elapsed := time.monotonic() - began) < budget_s:
+                update(int(elapsed), int(budget_s))
+                for proc in procs:
+                    if proc.poll() is not None:
+                        tail = log_path.read_text(errors="replace")[-3000:]
+                        raise RuntimeError(f"{method}: {proc.args[1]} exited {proc.returncode}:\n{tail}")
+                if watcher.failed is not None:
+                    raise RuntimeError(f"{method}: weight watcher failed: {watcher.failed}")
+                time.sleep(1.0)
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -342,19 +345,21 @@ async def evaluate_curve(
     evaluator = VersionEvaluator(cfg, server_url, staging)
     curve = []
     try:
-        for event in picked:
-            result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=16)
-            curve.append(
-                {
-                    "version": event.version,
-                    "seconds": run.seconds(event),
-                    "learner_step": event.learner_step,
-                    "trajectories_consumed": event.trajectories_consumed,
-                    "success": result.success_rate,
-                    "by_template": result.by_template,
-                }
-            )
-            log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
+        with progress_bar(f"{run.method}: evaluating versions") as update:
+            for done, event in enumerate(picked):
+                update(done, len(picked))
+                result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=16)
+                curve.append(
+                    {
+                        "version": event.version,
+                        "seconds": run.seconds(event),
+                        "learner_step": event.learner_step,
+                        "trajectories_consumed": event.trajectories_consumed,
+                        "success": result.success_rate,
+                        "by_template": result.by_template,
+                    }
+                )
+                log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
     finally:
         unload_adapters(server_url)
     return curve
