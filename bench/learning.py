@@ -42,7 +42,6 @@ import argparse
 import asyncio
 import json
 import logging
-import math
 import os
 import random
 import signal
@@ -51,24 +50,19 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
-from distrl_stream.collector.collector import base_model_id
+from distrl_stream.collector.scripted import ScriptedPolicy
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
 from distrl_stream.envs.sim import SimEnv
-from distrl_stream.envs.sim.oracle import OracleError
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
 from distrl_stream.events import WeightVersionEvent, decode, epoch_ms
-from distrl_stream.inference.client import ActionResult
-from distrl_stream.inference.server import InferenceServer
+from distrl_stream.inference.server import InferenceServer, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
@@ -118,46 +112,6 @@ log = logging.getLogger("bench.learning")
 # ------------------------------------------------------------------------------------------------------------------
 
 
-class ScriptedPolicy:
-    """The simulator's oracle, replaced by a uniform random candidate with probability ``noise``.
-
-    It answers like :class:`~distrl_stream.inference.client.InferenceClient` (``act``), so the collector's own
-    episode loop records its episodes; the actions are tokenised as the policy's tokenizer spells them, and the
-    behaviour log-prob is the scripted policy's own probability of the chosen candidate.
-    """
-
-    def __init__(self, env: SimEnv, tokenizer: Any, noise: float, rng: random.Random) -> None:
-        self.env = env
-        self.tokenizer = tokenizer
-        self.noise = noise
-        self.rng = rng
-
-    async def act(self, prompt: str, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> ActionResult:
-        options = list(candidates or ())
-        try:
-            oracle = self.env.oracle_action()
-        except OracleError:  # a random action made the task impossible (e.g. deleted the alarm to turn on)
-            oracle = None
-        best = oracle.to_text() if oracle is not None else self.rng.choice(options)
-        text = self.rng.choice(options) if self.rng.random() < self.noise else best
-        probability = (1 - self.noise) * (text == best) + self.noise / len(options)
-        ids = (*self.tokenizer(text)["input_ids"], self.tokenizer.eos_token_id)
-        logprobs = (math.log(probability), *([0.0] * (len(ids) - 1)))
-        return ActionResult(
-            text=text,
-            token_ids=ids,
-            tokens=tuple(self.tokenizer.convert_ids_to_tokens(list(ids))),
-            token_logprobs=logprobs,
-            logprob=sum(logprobs),
-            prompt_token_ids=(),
-            model="scripted",
-            version=0,
-            mode="choice",
-            finish_reason="stop",
-            latency_s=0.0,
-        )
-
-
 async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: float, seed: int) -> float:
     """Play ``episodes`` train tasks with the scripted policy into ``{cfg.run}.trajectories``; returns its success."""
     rng = random.Random(seed)
@@ -172,7 +126,7 @@ async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: flo
             outcome = await run_episode(env, task, policy, "choice", episode_id=uuid.uuid4().hex)  # type: ignore[arg-type]
             wins += outcome.success
             event = outcome.to_event(
-                run=cfg.run, collector_id="scripted", mode="choice", base_model=base_model_id(cfg.model)
+                run=cfg.run, collector_id="scripted", mode="choice", base_model=cfg.model.base_model_id
             )
             producer.produce_event(TopicNames(cfg.run).trajectories, event)
         producer.flush()
@@ -295,7 +249,7 @@ def train(
                 proc.kill()
                 proc.wait()
         watcher.stop()
-        unload_adapters(server_url)
+        unload_all_adapters(server_url)  # the next method's versions start at 1 again
     topics = TopicNames(run)
     versions = [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, topics.weights)]
     result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
@@ -316,14 +270,6 @@ def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
     if shared or len(cores) < 2:
         return None, None
     return {cores[0]}, set(cores[1:])
-
-
-def unload_adapters(server_url: str) -> None:
-    """Leave only the base model served (between methods, every run starts its versions at 1)."""
-    with httpx.Client(base_url=server_url, timeout=60.0) as client:
-        for item in client.get("/v1/models").json()["data"]:
-            if item.get("parent"):
-                client.post("/v1/unload_lora_adapter", json={"lora_name": item["id"]}).raise_for_status()
 
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
@@ -361,7 +307,7 @@ async def evaluate_curve(
                 )
                 log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
     finally:
-        unload_adapters(server_url)
+        unload_all_adapters(server_url)
     return curve
 
 
@@ -478,7 +424,7 @@ def main() -> None:
             warm = asyncio.run(
                 VersionEvaluator(cfg, server_url, root / "staging-warm").evaluate(warm_event, tasks, concurrency=16)
             )
-            unload_adapters(server_url)
+            unload_all_adapters(server_url)
             log.info(
                 "untrained %.2f, scripted (noise %.2f) %.2f, warm start %.2f",
                 untrained.success_rate,

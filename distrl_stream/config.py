@@ -274,6 +274,11 @@ class ModelConfig(Section):
         description="Modules that get LoRA weights (Qwen2 names); vLLM serves LoRA on all of them.",
     )
 
+    @property
+    def base_model_id(self) -> str:
+        """The base model's id recorded in trajectories and versions: the folder name of ``base``, else the size."""
+        return self.base.name if self.base is not None else self.size
+
 
 class InferenceConfig(Section):
     """The vLLM policy server (`serve`) and the client every collector uses to ask it for actions."""

@@ -13,7 +13,6 @@ See docs/collector.md.
 from distrl_stream.collector.collector import (
     Collector,
     CollectorReport,
-    base_model_id,
     default_collector_id,
     run_collector,
 )
@@ -28,7 +27,6 @@ __all__ = [
     "EpisodeOutcome",
     "PublishedVersions",
     "ScreenshotStore",
-    "base_model_id",
     "default_collector_id",
     "percentile",
     "run_collector",

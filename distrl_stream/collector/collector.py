@@ -34,7 +34,7 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
 from distrl_stream.collector.published import PublishedVersions
 from distrl_stream.collector.stats import CollectorStats
-from distrl_stream.config import Config, ModelConfig
+from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.sim.templates import stable_int
@@ -55,11 +55,6 @@ _WAIT_LOG_EVERY_S = 10.0
 def default_collector_id() -> str:
     """``<hostname>-<pid>``: unique among the processes of one host, readable in metrics."""
     return f"{socket.gethostname()}-{os.getpid()}"
-
-
-def base_model_id(model: ModelConfig) -> str:
-    """The base model's id recorded in trajectories: the folder name of ``model.base``, else the local size."""
-    return model.base.name if model.base is not None else model.size
 
 
 @dataclass(frozen=True)
@@ -511,7 +506,7 @@ class Collector:
 
     def _trajectory(self, outcome: EpisodeOutcome) -> TrajectoryEvent:
         return outcome.to_event(
-            run=self.cfg.run, collector_id=self.collector_id, mode=self.mode, base_model=base_model_id(self.cfg.model)
+            run=self.cfg.run, collector_id=self.collector_id, mode=self.mode, base_model=self.cfg.model.base_model_id
         )
 
     # --- Kafka -----------------------------------------------------------------------------------------------

@@ -16,13 +16,12 @@ from pathlib import Path
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from distrl_stream.background import BackgroundFollower
-from distrl_stream.collector.collector import base_model_id
 from distrl_stream.config import Config, ModelConfig
-from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, decode, utc_now
+from distrl_stream.events import TrajectoryEvent, decode
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
-from distrl_stream.policy.artifacts import atomic_dir, dir_size, sha256_dir
+from distrl_stream.policy.artifacts import atomic_dir, version_event
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +52,7 @@ def write_noop_adapter(model_dir: Path, out: Path, model: ModelConfig) -> Path:
 
 def publish_version(cfg: Config, producer: Producer, version: int, adapter: Path, *, consumed: int = 0) -> None:
     """Publish ``adapter`` as ``version`` of ``cfg.model.policy_id`` on ``{run}.weights`` (queued; flush to wait)."""
-    event = WeightVersionEvent(
-        policy_id=cfg.model.policy_id,
-        version=version,
-        base_model=base_model_id(cfg.model),
-        adapter_uri=adapter.resolve().as_uri(),
-        sha256=sha256_dir(adapter),
-        size_bytes=dir_size(adapter),
-        created_at=utc_now(),
-        learner_step=0,
-        trajectories_consumed=consumed,
-    )
+    event = version_event(cfg.model, version, adapter, learner_step=0, trajectories_consumed=consumed)
     producer.produce_event(TopicNames(cfg.run).weights, event)
 
 

@@ -48,6 +48,14 @@ def resolve_model_dir(cfg: Config) -> Path:
     return target
 
 
+def unload_all_adapters(server_url: str, timeout_s: float = 60.0) -> None:
+    """Unload every LoRA adapter a running server holds, leaving only the base model served."""
+    with httpx.Client(base_url=server_url, timeout=timeout_s) as client:
+        for item in client.get("/v1/models").json()["data"]:
+            if item.get("parent"):
+                client.post("/v1/unload_lora_adapter", json={"lora_name": item["id"]}).raise_for_status()
+
+
 def cuda_available() -> bool:
     """Whether this machine can run vLLM's GPU build (CUDA visible to torch)."""
     import torch

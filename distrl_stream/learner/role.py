@@ -52,7 +52,7 @@ from distrl_stream.learner.checkpoint import (
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
-from distrl_stream.policy.artifacts import atomic_dir, dir_size, sha256_dir
+from distrl_stream.policy.artifacts import atomic_dir, version_event
 
 log = logging.getLogger(__name__)
 
@@ -369,14 +369,10 @@ class Learner:
         target = adapter_dir(self.cfg, version)
         with atomic_dir(target) as tmp:
             self.trainer.save_adapter(tmp)
-        event = WeightVersionEvent(
-            policy_id=self.cfg.model.policy_id,
-            version=version,
-            base_model=_base_model_id(self.cfg),
-            adapter_uri=target.resolve().as_uri(),
-            sha256=sha256_dir(target),
-            size_bytes=dir_size(target),
-            created_at=utc_now(),
+        event = version_event(
+            self.cfg.model,
+            version,
+            target,
             learner_step=self.trainer.updates,
             trajectories_consumed=self.counters.ingested,
             metrics={k: self._last_stats[k] for k in _SUMMARY_KEYS if k in self._last_stats},
@@ -542,12 +538,6 @@ def _resolve_model_dir(cfg: Config) -> Path:
     from distrl_stream.inference.server import resolve_model_dir
 
     return resolve_model_dir(cfg)
-
-
-def _base_model_id(cfg: Config) -> str:
-    from distrl_stream.collector import base_model_id
-
-    return base_model_id(cfg.model)
 
 
 def run_learner(cfg: Config, stop: threading.Event, **start_kwargs: Any) -> Learner:

@@ -1,4 +1,5 @@
-"""Policy artifacts on disk: the one definition of an adapter folder's sha256 and of an atomic folder write.
+"""Policy artifacts on disk: the one definition of an adapter folder's sha256, of an atomic folder write, and of the
+weight-version event that announces a finished adapter folder.
 
 The learner hashes an adapter with :func:`sha256_dir` when it publishes a weight version and the inference
 service hashes it again before loading it; both must agree byte for byte, so this is the only implementation.
@@ -15,7 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from distrl_stream.config import ModelConfig
 from distrl_stream.errors import ArtifactError
+from distrl_stream.events import WeightVersionEvent, utc_now
 
 _CHUNK = 1 << 20
 
@@ -53,6 +56,30 @@ def sha256_dir(path: Path) -> str:
 def dir_size(path: Path) -> int:
     """Total bytes of the regular files under ``path``."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def version_event(
+    model: ModelConfig,
+    version: int,
+    adapter: Path,
+    *,
+    learner_step: int,
+    trajectories_consumed: int,
+    metrics: dict[str, float] | None = None,
+) -> WeightVersionEvent:
+    """The event announcing ``adapter`` (complete on disk) as ``version`` of ``model.policy_id``: URI, sha256, size."""
+    return WeightVersionEvent(
+        policy_id=model.policy_id,
+        version=version,
+        base_model=model.base_model_id,
+        adapter_uri=adapter.resolve().as_uri(),
+        sha256=sha256_dir(adapter),
+        size_bytes=dir_size(adapter),
+        created_at=utc_now(),
+        learner_step=learner_step,
+        trajectories_consumed=trajectories_consumed,
+        metrics=metrics or {},
+    )
 
 
 @contextmanager

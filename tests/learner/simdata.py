@@ -1,24 +1,25 @@
 """Trajectory events of the simulated phone for learner tests: random play in choice mode, real token ids.
 
-The actions are tokenised as the tiny model's tokenizer spells them (plus the end-of-text stop token), so the learner
-can recompute log π on them under the choice constraint; the behaviour log-prob is that of a uniform choice among the
-candidates (what matters here is the plumbing, not the policy).
+Episodes are played by the collector's own loop (``run_episode``) with a uniformly random
+:class:`~distrl_stream.collector.scripted.ScriptedPolicy` (noise 1): the actions are tokenised as the tiny model's
+tokenizer spells them (plus the end-of-text stop token), so the learner can recompute log π on them under the choice
+constraint; the behaviour log-prob is that of a uniform choice among the candidates (what matters here is the
+plumbing, not the policy).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import uuid
-from datetime import timedelta
 
-import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from distrl_stream.collector import run_episode
+from distrl_stream.collector.scripted import ScriptedPolicy
 from distrl_stream.envs.base import Task
 from distrl_stream.envs.sim import SimEnv, sim_tasks
-from distrl_stream.events import Step, Tensor, Termination, TrajectoryEvent, utc_now
+from distrl_stream.events import TrajectoryEvent
 
 TEMPLATES = ("take_photo", "turn_on_setting")
 
@@ -33,63 +34,11 @@ def sim_event(
     episode_id: str | None = None,
 ) -> TrajectoryEvent:
     """One random-play episode of ``task`` as a collector would publish it."""
-    return asyncio.run(_play(tokenizer, task, rng, run, version, episode_id or uuid.uuid4().hex))
-
-
-async def _play(
-    tokenizer: PreTrainedTokenizerBase, task: Task, rng: random.Random, run: str, version: int, episode_id: str
-) -> TrajectoryEvent:
     env = SimEnv()
-    started = utc_now()
-    observation = await env.reset(task)
-    steps: list[Step] = []
-    while True:
-        candidates = env.candidates(observation)
-        action = rng.choice(candidates)
-        result = await env.step(action)
-        ids = [*tokenizer(action)["input_ids"], tokenizer.eos_token_id]
-        logprob = -math.log(len(candidates))
-        steps.append(
-            Step(
-                observation=observation.screen,
-                candidates=candidates,
-                action_text=action,
-                action=result.info.action_text,
-                valid=result.info.valid,
-                reward=result.reward,
-                done=result.done,
-                behaviour_logprob=logprob,
-                token_ids=Tensor.from_numpy(np.asarray(ids, dtype=np.int32)),
-                token_logprobs=Tensor.from_numpy(np.full(len(ids), logprob / len(ids), dtype=np.float32)),
-                policy_version=version,
-                inference_latency_s=0.01,
-                env_latency_s=result.info.latency_s,
-            )
-        )
-        if result.done or result.truncated:
-            success = result.info.success
-            termination = (
-                Termination.SUCCESS if success else Termination.TRUNCATED if result.truncated else Termination.FAILURE
-            )
-            return TrajectoryEvent(
-                run=run,
-                episode_id=episode_id,
-                collector_id="test-collector",
-                env_kind="sim",
-                task_id=task.id,
-                task_template=task.template,
-                instruction=observation.instruction,
-                split=task.split,
-                mode="choice",
-                base_model="tiny",
-                started_at=started,
-                ended_at=started + timedelta(seconds=1),
-                termination=termination,
-                total_reward=sum(s.reward for s in steps),
-                success=success,
-                steps=steps,
-            )
-        observation = result.observation
+    policy = ScriptedPolicy(env, tokenizer, noise=1.0, rng=rng, version=version)
+    episode = run_episode(env, task, policy, "choice", episode_id=episode_id or uuid.uuid4().hex)  # type: ignore[arg-type]
+    outcome = asyncio.run(episode)
+    return outcome.to_event(run=run, collector_id="test-collector", mode="choice", base_model="tiny")
 
 
 def sim_events(
