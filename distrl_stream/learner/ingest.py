@@ -31,6 +31,7 @@ from enum import StrEnum
 import confluent_kafka
 from confluent_kafka import Message, TopicPartition
 
+from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
 from distrl_stream.errors import EventDecodeError, TrajectoryError
 from distrl_stream.events import Termination, TrajectoryEvent, default_serde
@@ -141,6 +142,7 @@ def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> En
     """Decode and convert one record; what cannot be used is dead-lettered (when ``dead_letters`` is given)."""
     key = msg.key()
     key_text = key.decode(errors="replace") if key else ""
+    partition, offset = msg.partition() or 0, msg.offset() or 0
     try:
         event = default_serde().decode(msg.value(), TrajectoryEvent)
         assert isinstance(event, TrajectoryEvent)  # decode(expect=...) guarantees it
@@ -148,12 +150,11 @@ def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> En
     except (EventDecodeError, TrajectoryError) as exc:
         if dead_letters is not None:
             dead_letters.send(msg, exc)
-        return Entry(msg.partition() or 0, msg.offset() or 0, key_text, EntryKind.DEAD)
-    partition, offset = msg.partition() or 0, msg.offset() or 0
+        return Entry(partition, offset, key_text, EntryKind.DEAD)
     return Entry(partition, offset, episode.episode_id, EntryKind.EPISODE, episode, event.termination)
 
 
-class TrajectoryReader:
+class TrajectoryReader(BackgroundFollower):
     """The learner's consumer of ``{run}.trajectories`` in a background thread (see the module docstring).
 
     Args:
@@ -164,10 +165,11 @@ class TrajectoryReader:
     """
 
     def __init__(self, cfg: Config, member_id: str, start_offsets: Mapping[int, int] | None = None) -> None:
+        super().__init__()
+        self.thread_name = f"ingest-{member_id}"
         self.cfg = cfg
         self.member_id = member_id
         self.topics = TopicNames(cfg.run)
-        self.failed: BaseException | None = None
         self.dead_lettered = 0
         self.ready = threading.Event()  # set once the first partitions are assigned
         self._positions: dict[int, int] = dict(start_offsets or {})
@@ -175,26 +177,17 @@ class TrajectoryReader:
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._pending_commit: dict[int, int] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._paused = False
         self._producer: Producer | None = None
 
     # -- trainer side ------------------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Join the group and start reading in a daemon thread."""
-        self._thread = threading.Thread(target=self._run, name=f"ingest-{self.member_id}", daemon=True)
-        self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """Leave the group (committing nothing beyond what :meth:`commit` asked for) and wait for the thread."""
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
+        super().stop(timeout_s)
 
     def drain(self, max_entries: int | None = None) -> list[Entry]:
         """Take up to ``max_entries`` queued entries without waiting (oldest first)."""
@@ -251,15 +244,12 @@ class TrajectoryReader:
 
     def _run(self) -> None:
         try:
-            self._read()
-        except BaseException as exc:  # reported through `failed`; the learner stops on it
-            log.exception("trajectory reader failed")
-            self.failed = exc
+            super()._run()  # a failure lands in `failed`; the learner stops on it
         finally:
             with self._cond:
-                self._cond.notify_all()
+                self._cond.notify_all()  # wake a trainer waiting for entries that will not come
 
-    def _read(self) -> None:
+    def _follow(self) -> None:
         ensure_run_topics(self.cfg)
         producer = self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-dlq")
         consumer = Consumer(self.cfg.kafka, group_id=self.topics.learner_group, client_id=f"learner-{self.member_id}")
