@@ -227,9 +227,7 @@ class Trainer:
         sample = self.buffer.sample(cfg.batch_episodes, beta=beta)
         batch = collate(sample.episodes)
         logp, entropy = self.policy_terms(sample.episodes, batch.mask)  # [B, T], with gradient
-        value_logits = aride.pad_steps(self.step_critic(self.step_features(sample.episodes)), batch.mask)
-        values = torch.sigmoid(value_logits).detach()
-        bootstrap = self.bootstrap_values(sample.episodes)
+        value_logits, values, bootstrap = self.critic_values(sample.episodes, batch.mask)
         rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
         v_ret = aride.retrace_targets(
             batch.rewards, values, bootstrap, batch.done, rhos, batch.mask, cfg.gamma, cfg.retrace_lambda, cfg.c_bar
@@ -274,6 +272,12 @@ class Trainer:
             **grads,
         }
 
+    def critic_values(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The step critic on a batch: logits ``[B, T]`` (with gradient, for its loss), values σ(logits) (detached,
+        for targets and advantages), and V after each episode's last step ``[B]``."""
+        value_logits = aride.pad_steps(self.step_critic(self.step_features(episodes)), mask)
+        return value_logits, torch.sigmoid(value_logits).detach(), self.bootstrap_values(episodes)
+
     def digirl_update(self) -> dict[str, float] | None:
         """DigiRL-style update: keep the top quantile of the buffer by 1{success} − V_traj, draw uniformly among
         them, and raise log π where the binarised doubly-robust step advantage is positive. Both critics learn."""
@@ -289,9 +293,7 @@ class Trainer:
         sample = self.buffer.sample_uniform(cfg.batch_episodes, among=kept)
         batch = collate(sample.episodes)
         logp, _entropy = self.policy_terms(sample.episodes, batch.mask)
-        value_logits = aride.pad_steps(self.step_critic(self.step_features(sample.episodes)), batch.mask)
-        values = torch.sigmoid(value_logits).detach()
-        bootstrap = self.bootstrap_values(sample.episodes)
+        value_logits, values, bootstrap = self.critic_values(sample.episodes, batch.mask)
         step_adv = aride.digirl_step_advantages(
             batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma, cfg.digirl_lambda
         )
