@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from distrl_stream.errors import CheckpointError
-from distrl_stream.policy.artifacts import atomic_dir
+from distrl_stream.policy.artifacts import atomic_dir, remove_partial_dirs
 
 CHECKPOINT_FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8})$")
@@ -72,19 +72,12 @@ class CheckpointStore:
         latest = self.latest()
         seq = int(_NAME.match(latest.name).group(1)) + 1 if latest is not None else 1  # type: ignore[union-attr]
         target = self.root / f"ckpt-{seq:08d}"
-        self._remove_stale_temporaries()
+        remove_partial_dirs(self.root)  # left only by a process killed mid-write; one learner owns this folder
         with atomic_dir(target) as tmp:
             write(tmp)
         for old in self.all()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return target
-
-    def _remove_stale_temporaries(self) -> None:
-        # Left behind only by a process killed mid-write (atomic_dir removes its own on errors).
-        if self.root.is_dir():
-            for p in self.root.iterdir():
-                if p.name.startswith(".ckpt-") and p.name.endswith(".tmp"):
-                    shutil.rmtree(p, ignore_errors=True)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -110,6 +110,17 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         raise
 
 
+def remove_partial_dirs(parent: Path) -> None:
+    """Remove the temporary folders :func:`atomic_dir` left in ``parent`` when its process was killed mid-write.
+
+    Only for a folder with a single writer: another process's write in progress there would be removed too.
+    """
+    if parent.is_dir():
+        for p in parent.iterdir():
+            if p.is_dir() and p.name.startswith(".") and p.name.endswith(".tmp"):
+                shutil.rmtree(p, ignore_errors=True)
+
+
 def local_path(uri: str) -> Path:
     """The local folder an artifact URI names: ``file:///abs/path`` or a plain path.
 

@@ -42,6 +42,16 @@ def test_failed_write_leaves_the_previous_checkpoint_alone(tmp_path: Path) -> No
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == [first.name]  # no temporary folder left
 
 
+def test_save_removes_what_a_write_killed_midway_left(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "ckpt")
+    first = store.save(lambda folder: (folder / "n").write_text("ok"))
+    leftover = tmp_path / "ckpt" / ".ckpt-00000002.k1ll3d.tmp"  # atomic_dir's temporary of a SIGKILLed write
+    leftover.mkdir()
+    (leftover / "n").write_text("half")
+    second = store.save(lambda folder: (folder / "n").write_text("ok"))
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [first.name, second.name]
+
+
 def test_ingest_log_truncates_back_to_a_checkpoint(tmp_path: Path) -> None:
     log = IngestLog(tmp_path / "ingested.log")
     log.append(0, 0, "a", "ingested")
