@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 from distrl_stream.collector import Collector
-from distrl_stream.collector.instant import InstantLearner, write_noop_adapter
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
 from distrl_stream.events import TrajectoryEvent, decode
 from distrl_stream.inference.server import InferenceServer
@@ -49,6 +48,7 @@ from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.policy.model import build_model
+from distrl_stream.testing.instant_learner import InstantLearner, write_noop_adapter
 
 RESULTS = Path(__file__).parent / "results" / "collection.json"
 PLOT = RESULTS.with_suffix(".png")

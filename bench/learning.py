@@ -25,7 +25,7 @@ process gets one CPU core to itself and the vLLM server, the collector and the b
 
 Evaluation happens after the fact, so it never takes CPU from training: every method's published versions (evenly
 spaced in time, at most ``--points`` of them, always the last) are verified and hot-loaded one by one into the same
-server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.evaluation``).
+server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.collector.evaluation``).
 
 Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3; a method that never reaches 80% counts as
 the whole budget, and ``metrics`` says so); ``metrics`` has every method's curve, final success, the untrained and
@@ -56,11 +56,10 @@ from typing import Any
 
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
-from distrl_stream.collector.scripted import ScriptedPolicy
+from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
-from distrl_stream.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
 from distrl_stream.events import WeightVersionEvent, decode, epoch_ms
 from distrl_stream.inference.server import InferenceServer, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
@@ -70,6 +69,7 @@ from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.role import Learner, adapter_dir
 from distrl_stream.policy.model import build_model
+from distrl_stream.testing.scripted import ScriptedPolicy
 
 RESULTS = Path(__file__).parent / "results" / "learning.json"
 PLOT = RESULTS.with_suffix(".png")

@@ -1,6 +1,6 @@
 """Event pipeline throughput: Avro trajectory events end to end, against raw bytes of the same sizes.
 
-Each round sends N realistic trajectories (20 steps, ~500-character screen texts; ``distrl_stream.events.samples``)
+Each round sends N realistic trajectories (20 steps, ~500-character screen texts; ``distrl_stream.testing.samples``)
 through the real broker twice, side by side:
 
 - **avro**: encode (Confluent wire format) + produce (the ``Producer`` wrapper: idempotent, acks=all, lz4), then
@@ -37,10 +37,10 @@ from pathlib import Path
 
 from distrl_stream.config import KafkaConfig
 from distrl_stream.events import TrajectoryEvent, decode, encode
-from distrl_stream.events.samples import sample_trajectory
 from distrl_stream.kafka import Admin, Consumer, Producer, TopicSpec
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.install import find_kafka_home
+from distrl_stream.testing.samples import sample_trajectory
 
 RESULTS = Path(__file__).parent / "results" / "pipeline.json"
 TARGET_RATIO = 0.5

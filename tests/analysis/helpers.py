@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 from distrl_stream.analysis.replay import TrajectoryRecord
 from distrl_stream.events import Termination, WeightVersionEvent
-from distrl_stream.events.samples import sample_trajectory, sample_weight_version
+from distrl_stream.testing.samples import sample_trajectory, sample_weight_version
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 

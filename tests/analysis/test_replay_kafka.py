@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 from distrl_stream.cli.main import app
 from distrl_stream.config import Config
 from distrl_stream.events import encode, event_key
-from distrl_stream.events.samples import sample_trajectory, sample_weight_version
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.testing.samples import sample_trajectory, sample_weight_version
 
 pytestmark = pytest.mark.kafka
 runner = CliRunner()

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from distrl_stream.collector.instant import write_noop_adapter
 from distrl_stream.config import Config, ModelConfig
 from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, decode
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import Consumer, read_topic
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.testing.instant_learner import write_noop_adapter
 from tests.fixtures.vllm import VllmService
 
 CLI = str(Path(sys.executable).with_name("distrl-stream"))

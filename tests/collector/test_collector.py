@@ -12,7 +12,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distrl_stream.collector import Collector
-from distrl_stream.collector.instant import InstantLearner, publish_version
 from distrl_stream.config import Config
 from distrl_stream.envs import SimEnv, task_pool
 from distrl_stream.events import MetricEvent, Termination, decode
@@ -21,6 +20,7 @@ from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.testing.instant_learner import InstantLearner, publish_version
 from tests.collector.conftest import ENDED, TopicWatch, assert_complete, metrics, trajectories
 from tests.fixtures.vllm import VllmService
 

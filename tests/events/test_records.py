@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from distrl_stream.events import EVENT_TYPES, Step, Tensor, default_store, epoch_ms, from_epoch_ms, utc_now
-from distrl_stream.events.samples import sample_trajectory
+from distrl_stream.testing.samples import sample_trajectory
 
 
 @pytest.mark.parametrize("dtype", ["int32", "int64", "float32", "float64", "float16", "bool", "uint8"])

@@ -23,7 +23,7 @@ from distrl_stream.events import (
     encode,
     utc_now,
 )
-from distrl_stream.events.samples import sample_dead_letter, sample_metric, sample_trajectory, sample_weight_version
+from distrl_stream.testing.samples import sample_dead_letter, sample_metric, sample_trajectory, sample_weight_version
 
 SAMPLES = {
     TrajectoryEvent: sample_trajectory,

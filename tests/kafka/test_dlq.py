@@ -12,11 +12,11 @@ from confluent_kafka import TopicPartition
 
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, decode, encode
-from distrl_stream.events.samples import sample_metric, sample_trajectory
 from distrl_stream.kafka.consumer import Consumer, EventConsumer, read_topic
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.testing.samples import sample_metric, sample_trajectory
 from tests.fixtures.kafka import consume
 
 pytestmark = pytest.mark.kafka

@@ -12,10 +12,10 @@ import pytest
 from distrl_stream.config import Config
 from distrl_stream.errors import KafkaClientError
 from distrl_stream.events import TrajectoryEvent, decode
-from distrl_stream.events.samples import sample_trajectory
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.testing.samples import sample_trajectory
 from tests.fixtures.kafka import consume
 
 pytestmark = pytest.mark.kafka

@@ -10,11 +10,11 @@ import pytest
 
 from distrl_stream.config import Config
 from distrl_stream.events import WeightVersionEvent, decode, epoch_ms, utc_now
-from distrl_stream.events.samples import sample_weight_version
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, run_topic_specs
+from distrl_stream.testing.samples import sample_weight_version
 
 pytestmark = pytest.mark.kafka
 

@@ -1,7 +1,7 @@
 """Trajectory events of the simulated phone for learner tests: random play in choice mode, real token ids.
 
 Episodes are played by the collector's own loop (``run_episode``) with a uniformly random
-:class:`~distrl_stream.collector.scripted.ScriptedPolicy` (noise 1): the actions are tokenised as the tiny model's
+:class:`~distrl_stream.testing.scripted.ScriptedPolicy` (noise 1): the actions are tokenised as the tiny model's
 tokenizer spells them (plus the end-of-text stop token), so the learner can recompute log π on them under the choice
 constraint; the behaviour log-prob is that of a uniform choice among the candidates (what matters here is the
 plumbing, not the policy).
@@ -16,10 +16,10 @@ import uuid
 from transformers import PreTrainedTokenizerBase
 
 from distrl_stream.collector import run_episode
-from distrl_stream.collector.scripted import ScriptedPolicy
 from distrl_stream.envs.base import Task
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.events import TrajectoryEvent
+from distrl_stream.testing.scripted import ScriptedPolicy
 
 TEMPLATES = ("take_photo", "turn_on_setting")
 

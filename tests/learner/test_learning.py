@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from distrl_stream.collector.evaluation import evaluate, held_out_tasks
 from distrl_stream.config import Config
-from distrl_stream.evaluation import evaluate, held_out_tasks
 from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEvent, decode
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from distrl_stream.collector.episode import run_episode
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv, Task
 from distrl_stream.envs.factory import make_env
@@ -83,8 +84,6 @@ async def evaluate(
         EvaluationError: the server does not serve ``version`` as its newest.
         InferenceError: the server cannot be reached.
     """
-    from distrl_stream.collector import run_episode  # the collector's loop: one definition of an episode
-
     # An infinite poll interval pins the client to what refresh_versions() read.
     pinned = cfg.inference.model_copy(update={"version_poll_s": math.inf})
     async with InferenceClient(pinned, cfg.model.policy_id, base_url=base_url) as client:

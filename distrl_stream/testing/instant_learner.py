@@ -27,23 +27,20 @@ log = logging.getLogger(__name__)
 
 
 def write_noop_adapter(model_dir: Path, out: Path, model: ModelConfig) -> Path:
-    """Write a LoRA adapter of ``model``'s shape as peft initialises it (B = 0): served, it acts as the base model.
+    """Write a fresh LoRA adapter of the learner's own shape (``learner.trainer.lora_config``) into ``out``.
 
-    Written atomically (readers see all of it or nothing). Needs torch and peft.
+    peft initialises B = 0, so served it acts as the base model. Written atomically (readers see all of it or
+    nothing). Needs torch and peft, imported here so that the learner double itself stays light.
     """
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import AutoModelForCausalLM
+
+    from distrl_stream.learner.trainer import lora_config
 
     torch.manual_seed(model.seed)
     peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        LoraConfig(
-            r=model.lora_rank,
-            lora_alpha=model.lora_alpha,
-            lora_dropout=model.lora_dropout,
-            target_modules=list(model.lora_target_modules),
-        ),
+        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora_config(model)
     )
     with atomic_dir(out) as tmp:
         peft_model.save_pretrained(tmp)
