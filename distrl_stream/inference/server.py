@@ -31,7 +31,7 @@ from distrl_stream.processes import free_port, signal_group
 
 log = logging.getLogger(__name__)
 
-# vLLM on CPU reserves 92% of RAM for the KV cache unless told otherwise (DESIGN §8).
+# vLLM on CPU reserves 92% of RAM for the KV cache unless told otherwise (docs/design.md §8).
 _CPU_MEMORY_UTILIZATION = "0.2"
 _LOG_TAIL_LINES = 40
 

@@ -1,4 +1,4 @@
-"""A-RIDE, the learner's algorithm, as small pure torch functions (DESIGN §5), plus the two baselines.
+"""A-RIDE, the learner's algorithm, as small pure torch functions (docs/design.md §5), plus the two baselines.
 
 Read top to bottom against the paper. Notation: an episode τ = (s_0, a_0, r_0, …, s_{L-1}, a_{L-1}, r_{L-1}, s_L);
 μ = behaviour policy (the version that acted), π = current policy, ρ_t = π(a_t|s_t) / μ(a_t|s_t) from the sequence

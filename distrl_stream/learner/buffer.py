@@ -1,4 +1,4 @@
-"""Replay buffer with Distributed Prioritized Experience Replay (DPER, DESIGN §5).
+"""Replay buffer with Distributed Prioritized Experience Replay (DPER, docs/design.md §5.7).
 
 - Records: :class:`EpisodeRecord` / :class:`StepRecord` are plain dataclasses holding what the learner needs per
   episode and step, decoupled from Avro: the ingest code fills them from a TrajectoryEvent.

@@ -50,7 +50,7 @@ INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENC
 def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
     """Convert a trajectory event into the learner's episode record.
 
-    ``done`` follows DESIGN §5: True only on a terminal last step (success, failure, or a ``status`` action); a
+    ``done`` as in docs/design.md §5.1: True only on a terminal last step (success, failure, or a ``status`` action); a
     truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates are
     kept only in choice mode (free-mode log-probs use the whole vocabulary).
 

@@ -1,6 +1,6 @@
-"""The learner's update: one A-RIDE step (DESIGN §5), or a baseline's, on whole episodes from the replay buffer.
+"""The learner's update: one A-RIDE step (docs/design.md §5), or a baseline's, on whole episodes from the replay buffer.
 
-Read :meth:`Trainer.aride_update` against DESIGN §5: it is the update of docs/learner.md line for line. The pieces:
+Read :meth:`Trainer.aride_update` against docs/design.md §5: it is docs/learner.md's update line for line. The pieces:
 
 - the policy is the base model + a peft LoRA adapter whose shape (rank, α, target modules) is ``[model]``'s, the
   shape the inference server accepts (:func:`load_policy`);
@@ -221,7 +221,7 @@ class Trainer:
         return stats
 
     def aride_update(self) -> dict[str, float]:
-        """One A-RIDE update (DESIGN §5) on a DPER sample; refreshes the sampled episodes' priorities."""
+        """One A-RIDE update (docs/design.md §5) on a DPER sample; refreshes the sampled episodes' priorities."""
         cfg = self.cfg
         beta = is_beta(self.updates, cfg.is_beta_start, cfg.is_beta_end, cfg.is_beta_anneal_updates)
         sample = self.buffer.sample(cfg.batch_episodes, beta=beta)

@@ -1,7 +1,7 @@
 """Synthetic events of realistic shape and size, deterministic per seed: for tests, benchmarks and demos.
 
 A default trajectory has 20 steps with ~500-character screen texts, 5 candidate actions and 16 action tokens per
-step (~13 KB on the wire), the size DESIGN §3 expects of one episode.
+step (~20 KB of Avro), the size of one episode in docs/design.md §3.
 """
 
 from __future__ import annotations

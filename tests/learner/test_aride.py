@@ -1,4 +1,4 @@
-"""A-RIDE maths on hand-computed numbers (DESIGN §5)."""
+"""A-RIDE maths on hand-computed numbers (docs/design.md §5)."""
 
 from __future__ import annotations
 
