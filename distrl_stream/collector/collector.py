@@ -37,7 +37,7 @@ from distrl_stream.collector.stats import CollectorStats
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
-from distrl_stream.envs.sim.templates import stable_int
+from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError
 from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, utc_now

@@ -25,7 +25,6 @@ newest adapter in the artifact store (a version published after the last checkpo
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distrl_stream.artifacts import adapter_dir, atomic_dir, newest_artifact_version, version_event
 from distrl_stream.config import Config
 from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
@@ -52,32 +52,12 @@ from distrl_stream.learner.checkpoint import (
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
-from distrl_stream.policy.artifacts import atomic_dir, version_event
+from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
 
-_VERSION_DIR = re.compile(r"^v(\d{6,})$")
 # Update statistics copied into each WeightVersionEvent's metrics summary.
 _SUMMARY_KEYS = ("loss_policy", "loss_critic", "entropy", "rho_mean", "value_error", "batch_success")
-
-
-def artifacts_dir(cfg: Config) -> Path:
-    """Where the policy's adapter versions live: ``{run_dir}/artifacts/<policy_id>``."""
-    return cfg.run_dir / "artifacts" / cfg.model.policy_id
-
-
-def adapter_dir(cfg: Config, version: int) -> Path:
-    """The artifact folder of one version: ``{run_dir}/artifacts/<policy_id>/v<NNNNNN>``."""
-    return artifacts_dir(cfg) / f"v{version:06d}"
-
-
-def newest_artifact_version(cfg: Config) -> int:
-    """The highest version with a complete adapter folder in the artifact store (0 when none)."""
-    root = artifacts_dir(cfg)
-    if not root.is_dir():
-        return 0
-    found = [int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))]
-    return max(found, default=0)
 
 
 @dataclass
@@ -175,7 +155,7 @@ class Learner:
             torch.set_num_threads(self.settings.threads)
         ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
-        model_dir = self._model_dir or _resolve_model_dir(self.cfg)
+        model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
         checkpoint = self.store.latest()
         if checkpoint is not None:
@@ -531,13 +511,6 @@ class Learner:
         self._producer.produce_event(self.topics.metrics, event)
         self._window = _Window()
         return event
-
-
-def _resolve_model_dir(cfg: Config) -> Path:
-    # The server's own resolution: the learner must train on exactly the base the server serves.
-    from distrl_stream.inference.server import resolve_model_dir
-
-    return resolve_model_dir(cfg)
 
 
 def run_learner(cfg: Config, stop: threading.Event, **start_kwargs: Any) -> Learner:

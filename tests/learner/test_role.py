@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from distrl_stream.artifacts import adapter_dir, local_path, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.learner.checkpoint import IngestLog
-from distrl_stream.learner.role import Learner, adapter_dir
-from distrl_stream.policy.artifacts import local_path, sha256_dir
+from distrl_stream.learner.role import Learner
 from tests.learner.simdata import sim_events
 
 pytestmark = pytest.mark.kafka
