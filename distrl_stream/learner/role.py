@@ -41,7 +41,7 @@ from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.buffer import EpisodeRecord, ReplayBuffer
+from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointStore,
@@ -51,6 +51,7 @@ from distrl_stream.learner.checkpoint import (
     write_json,
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
+from distrl_stream.learner.records import EpisodeRecord
 from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
 from distrl_stream.policy.model_dir import resolve_model_dir
 
@@ -113,7 +114,10 @@ class Learner:
         self.store = CheckpointStore(self.dir / "checkpoints", cfg.learner.checkpoint_keep)
         self.ingest_log = IngestLog(self.dir / "ingested.log")
         self.counters = Counters()
+        # The one record of the current policy version: the number of the newest version this learner published
+        # (or found in the artifact store at start); lags and round mode are measured from it.
         self.version = 0
+        self.buffer = ReplayBuffer.from_config(cfg.learner)
         self.restored_from: Path | None = None
         self._model_dir = model_dir
         self._trainer: Trainer | None = None
@@ -163,9 +167,10 @@ class Learner:
             return
         self.ingest_log.truncate(0)  # records of a run that died before its first checkpoint are re-read
         model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter)
-        self._trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        self._trainer = Trainer(
+            self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature
+        )
         self.version = newest_artifact_version(self.cfg)
-        self.trainer.version = self.version
         if from_replay is not None:
             self.pretrain(from_replay, replay_updates, replay_algorithm)
         if self.settings.init_adapter is not None or from_replay is not None:
@@ -180,20 +185,19 @@ class Learner:
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
         model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter")
-        trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        try:
+            self.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
+        except ReplayBufferError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
+        trainer = Trainer(self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature)
         try:
             trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", weights_only=True))
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {checkpoint}: trainer state unusable: {exc}") from None
-        try:
-            trainer.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
-        except ReplayBufferError as exc:
-            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
         self._trainer = trainer
         self._start_offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         self.counters = Counters(**state["counters"])
         self.version = max(int(state["version"]), newest_artifact_version(self.cfg))
-        trainer.version = self.version
         self._round_new = int(state.get("round_new", 0))
         self._round_updates_left = int(state.get("round_updates_left", 0))
         self.ingest_log.truncate(int(state["ingest_log_bytes"]))
@@ -205,7 +209,7 @@ class Learner:
             trainer.updates,
             self.version,
             self._start_offsets,
-            len(trainer.buffer),
+            len(self.buffer),
         )
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -223,7 +227,7 @@ class Learner:
         self._reader = TrajectoryReader(self.cfg, self.member_id, self._start_offsets)
         self._reader.start()
         self._window = _Window()
-        self._replay_base = (trainer.updates, self.counters.ingested - len(trainer.buffer))
+        self._replay_base = (trainer.updates, self.counters.ingested - len(self.buffer))
         clean = False
         try:
             while not stop.is_set():
@@ -283,7 +287,7 @@ class Learner:
             self.counters.stale += 1
             return "stale"
         try:
-            self.trainer.buffer.add(episode)
+            self.buffer.add(episode)
         except ReplayBufferError as exc:
             log.warning("episode %s refused by the replay buffer: %s", episode.episode_id, exc)
             self.counters.rejected += 1
@@ -315,7 +319,7 @@ class Learner:
 
     def _update_once(self) -> None:
         trainer = self.trainer
-        stats = trainer.update()
+        stats = trainer.update(version=self.version)
         if stats is not None:
             self._window.add(stats)
             self._last_stats = stats
@@ -360,7 +364,6 @@ class Learner:
         self._producer.produce_event(self.topics.weights, event)
         self._producer.flush()
         self.version = version
-        self.trainer.version = version
         self.counters.published += 1
         self._dirty = True
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
@@ -399,7 +402,7 @@ class Learner:
         def write(folder: Path) -> None:
             trainer.save_adapter(folder / "adapter")
             torch.save(trainer.state_dict(), folder / "trainer.pt")
-            write_json(folder / "buffer.json", trainer.buffer.state_dict())
+            write_json(folder / "buffer.json", self.buffer.state_dict())
             write_json(folder / "state.json", state)
 
         path = self.store.save(write)
@@ -428,7 +431,7 @@ class Learner:
             if entry.episode is None or entry.termination in INCOMPLETE_TERMINATIONS:
                 continue
             try:
-                self.trainer.buffer.add(entry.episode)
+                self.buffer.add(entry.episode)
             except ReplayBufferError as exc:
                 log.warning("replayed episode %s refused: %s", entry.episode_id, exc)
                 continue
@@ -451,7 +454,7 @@ class Learner:
         attempts = 0
         while done < updates and attempts < 2 * updates + 10:
             attempts += 1
-            stats = self.trainer.update(algorithm)
+            stats = self.trainer.update(algorithm, version=self.version)
             if stats is not None:
                 done += 1
                 self._window.add(stats)
@@ -471,7 +474,7 @@ class Learner:
         lags = np.asarray(window.lags, dtype=float)
         values: dict[str, float] = {
             **window.means(),
-            **trainer.buffer_stats(),
+            **self.buffer.stats(),
             "version": float(self.version),
             "updates": float(trainer.updates),
             "updates_per_s": window.updates / elapsed,

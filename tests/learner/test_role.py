@@ -190,7 +190,7 @@ def test_poison_stale_and_good_records_are_each_handled_and_logged(
     )
     running.finish()
     assert (learner.counters.ingested, learner.counters.stale, learner.counters.dead) == (2, 1, 1)
-    assert sorted(e.episode_id for _k, e in learner.trainer.buffer.items()) == sorted(e.episode_id for e in good)
+    assert sorted(e.episode_id for _k, e in learner.buffer.items()) == sorted(e.episode_id for e in good)
     records = IngestLog.read(learner.ingest_log.path)
     assert [(r.offset, r.status) for r in records] == [(0, "ingested"), (1, "dead"), (2, "stale"), (3, "ingested")]
     [letter] = [decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq)]

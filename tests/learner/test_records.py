@@ -11,7 +11,7 @@ import pytest
 from distrl_stream.errors import TrajectoryError
 from distrl_stream.events import Tensor, Termination, TrajectoryEvent
 from distrl_stream.events.samples import sample_trajectory
-from distrl_stream.learner.ingest import episode_from_event
+from distrl_stream.learner.records import episode_from_event
 
 
 def event(steps: int = 3, *, termination: Termination = Termination.SUCCESS, mode: str = "choice") -> TrajectoryEvent:
