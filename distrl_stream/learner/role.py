@@ -9,8 +9,9 @@
 
 The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
 
-1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than ``max_policy_lag``
-   versions behind) or incomplete, put the rest in the replay buffer, and write every record to the ingest log;
+1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than
+   ``drop_above_policy_lag`` versions behind) or incomplete, put the rest in the replay buffer, and write every
+   record to the ingest log;
 2. when the buffer holds ``min_buffer_episodes`` (async) — or, in round mode, when ``round_episodes`` trajectories
    of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from distrl_stream.artifacts import adapter_dir, atomic_dir, newest_artifact_version, version_event
-from distrl_stream.config import Config
+from distrl_stream.config import Algorithm, Config
 from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka.consumer import read_topic
@@ -52,7 +53,7 @@ from distrl_stream.learner.checkpoint import (
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.records import EpisodeRecord
-from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
+from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class Counters:
     """What the learner has done, cumulative over restarts (saved in checkpoints)."""
 
     ingested: int = 0  # episodes put in the buffer
-    stale: int = 0  # dropped: older than max_policy_lag versions
+    stale: int = 0  # dropped: more than drop_above_policy_lag versions behind
     incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
     dead: int = 0  # undecodable or unusable records (dead-lettered)
     rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
@@ -283,7 +284,7 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > self.settings.max_policy_lag:
+        if max(lags) > self.settings.drop_above_policy_lag:
             self.counters.stale += 1
             return "stale"
         try:

@@ -23,14 +23,14 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from distrl_stream.config import LearnerConfig, ModelConfig
+from distrl_stream.config import ALGORITHMS, Algorithm, LearnerConfig, ModelConfig
 from distrl_stream.errors import ActionConstraintError, LearnerError
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
@@ -40,10 +40,6 @@ from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 
 log = logging.getLogger(__name__)
-
-Algorithm = Literal["aride", "digirl", "filtered_bc", "bc"]
-ALGORITHMS: tuple[str, ...] = ("aride", "digirl", "filtered_bc", "bc")
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Policy model

@@ -176,7 +176,7 @@ def test_replay_ratio_caps_updates_per_ingested_episode(
 def test_poison_stale_and_good_records_are_each_handled_and_logged(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
-    cfg = learner_config(max_policy_lag=1, min_buffer_episodes=100)
+    cfg = learner_config(drop_above_policy_lag=1, min_buffer_episodes=100)
     learner = started(cfg)
     for _ in range(3):
         learner.publish()  # the learner is at version 3
