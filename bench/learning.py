@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
@@ -67,7 +68,7 @@ from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.role import Learner, adapter_dir
+from distrl_stream.learner.role import Learner
 from distrl_stream.policy.model import build_model
 from distrl_stream.testing.scripted import ScriptedPolicy
 

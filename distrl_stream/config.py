@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import (
@@ -79,6 +79,13 @@ class BrokerConfig(Section):
     )
 
 
+# The update rules the learner implements, listed once: the online ones (``learner.algorithm``), and behaviour cloning
+# of every episode, which only the offline phase (``--replay-algorithm``) uses.
+OnlineAlgorithm = Literal["aride", "digirl", "filtered_bc"]
+Algorithm = Literal[OnlineAlgorithm, "bc"]
+ALGORITHMS: tuple[Algorithm, ...] = get_args(Algorithm)
+
+
 class LearnerConfig(Section):
     """The learner's algorithm: A-RIDE (or a baseline), its critics, the replay buffer and DPER (docs/design.md §5).
 
@@ -86,7 +93,7 @@ class LearnerConfig(Section):
     "ours" with the reason. Where the paper gives no value the authors' code wins (docs/design.md §5).
     """
 
-    algorithm: Literal["aride", "digirl", "filtered_bc"] = Field(
+    algorithm: OnlineAlgorithm = Field(
         "aride",
         description="Update rule: A-RIDE; DigiRL-style filtered advantage-weighted updates; or filtered behaviour "
         "cloning on successful episodes.",
@@ -168,8 +175,13 @@ class LearnerConfig(Section):
         description="Every K updates refresh all priorities (sampled ones are refreshed after every update). "
         "Source: authors' code (a full refresh once per 20-step iteration).",
     )
-    max_policy_lag: int = Field(
-        10, ge=0, description="Drop trajectories more than this many versions behind the learner. Source: ours."
+    # Judged on an episode's oldest step when it arrives; the collector's pause_above_policy_lag limits the lag at the
+    # source instead, so that no data is collected only to be dropped here.
+    drop_above_policy_lag: int = Field(
+        10,
+        ge=0,
+        description="Drop (count as stale) trajectories with a step more than this many versions behind the "
+        "learner's current version. Source: ours.",
     )
     advantage_centering: bool = Field(
         False,
@@ -433,7 +445,9 @@ class CollectorConfig(Section):
         description="Names this collector in trajectories and metrics; unique per process within a run. "
         "None: <hostname>-<pid>.",
     )
-    max_policy_lag: int | None = Field(
+    # Only new episodes wait: running ones go on, and the learner's drop_above_policy_lag decides whether their data
+    # is still used.
+    pause_above_policy_lag: int | None = Field(
         None,
         ge=0,
         description="Pause new episodes while the served version is more than this many versions behind the "

@@ -46,6 +46,7 @@ from distrl_stream.events import MetricEvent, decode
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import die_with_parent, free_port, port_free, signal_group
 
 log = logging.getLogger(__name__)
@@ -305,8 +306,6 @@ class LocalStack:
         )
 
     def _model_dir(self) -> Path:
-        from distrl_stream.inference.server import resolve_model_dir  # torch + transformers: only when building
-
         return resolve_model_dir(self.cfg)
 
     def _spawn(self, name: str, args: list[str]) -> ChildProcess:

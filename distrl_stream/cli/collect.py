@@ -26,7 +26,9 @@ def collect(
     bootstrap: BootstrapOption = None,
     split: Annotated[str | None, field_option("collector.split", "--split")] = None,
     collector_id: Annotated[str | None, field_option("collector.collector_id", "--collector-id")] = None,
-    max_policy_lag: Annotated[int | None, field_option("collector.max_policy_lag", "--max-policy-lag")] = None,
+    pause_above_policy_lag: Annotated[
+        int | None, field_option("collector.pause_above_policy_lag", "--pause-above-policy-lag")
+    ] = None,
     grace: Annotated[float | None, field_option("collector.shutdown_grace_s", "--grace")] = None,
     episodes: Annotated[int | None, field_option("collector.max_episodes", "--episodes")] = None,
     duration: Annotated[float | None, field_option("collector.duration_s", "--duration")] = None,
@@ -56,7 +58,7 @@ def collect(
             "mode": mode,
             "split": split,
             "collector_id": collector_id,
-            "max_policy_lag": max_policy_lag,
+            "pause_above_policy_lag": pause_above_policy_lag,
             "shutdown_grace_s": grace,
             "max_episodes": episodes,
             "duration_s": duration,

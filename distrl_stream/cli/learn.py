@@ -21,15 +21,10 @@ from distrl_stream.cli.common import (
     field_option,
     run_command,
 )
+from distrl_stream.config import ALGORITHMS
 
-
-class ReplayAlgorithm(StrEnum):
-    """Update rules of the offline phase (``--from-replay``)."""
-
-    BC = "bc"
-    FILTERED_BC = "filtered_bc"
-    ARIDE = "aride"
-    DIGIRL = "digirl"
+# Update rules of the offline phase (``--from-replay``): every algorithm, as choices Typer can offer.
+ReplayAlgorithm = StrEnum("ReplayAlgorithm", {name.upper(): name for name in ALGORITHMS})
 
 
 def learn(
@@ -42,6 +37,9 @@ def learn(
     init_adapter: Annotated[Path | None, field_option("learner.init_adapter", "--init-adapter")] = None,
     member: Annotated[str | None, field_option("learner.member_id", "--member")] = None,
     round_episodes: Annotated[int | None, field_option("learner.round_episodes", "--round-episodes")] = None,
+    drop_above_policy_lag: Annotated[
+        int | None, field_option("learner.drop_above_policy_lag", "--drop-above-policy-lag")
+    ] = None,
     updates_per_version: Annotated[
         int | None, field_option("learner.updates_per_version", "--updates-per-version")
     ] = None,
@@ -88,6 +86,7 @@ def learn(
             "init_adapter": init_adapter,
             "member_id": member,
             "round_episodes": round_episodes,
+            "drop_above_policy_lag": drop_above_policy_lag,
             "updates_per_version": updates_per_version,
             "max_updates": max_updates,
             "checkpoint_interval_updates": checkpoint_interval,

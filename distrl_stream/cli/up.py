@@ -30,6 +30,12 @@ def up(
     mode: Annotated[str | None, field_option("collector.mode", "--mode", help="async or sync.")] = None,
     action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,
     algorithm: Annotated[str | None, field_option("learner.algorithm", "--algorithm")] = None,
+    pause_above_policy_lag: Annotated[
+        int | None, field_option("collector.pause_above_policy_lag", "--pause-above-policy-lag")
+    ] = None,
+    drop_above_policy_lag: Annotated[
+        int | None, field_option("learner.drop_above_policy_lag", "--drop-above-policy-lag")
+    ] = None,
     latency: Annotated[str | None, field_option("env.latency", "--latency")] = None,
     model: Annotated[Path | None, field_option("model.base", "--model")] = None,
     size: Annotated[str | None, field_option("model.size", "--size")] = None,
@@ -66,9 +72,9 @@ def up(
     flags: dict[str, Any] = {
         "data_dir": data_dir,
         "env": {"kind": env, "latency": latency},
-        "collector": {"envs": envs_per_collector, "mode": mode},
+        "collector": {"envs": envs_per_collector, "mode": mode, "pause_above_policy_lag": pause_above_policy_lag},
         "inference": {"mode": action_mode, "startup_timeout_s": startup_timeout},
-        "learner": {"algorithm": algorithm},
+        "learner": {"algorithm": algorithm, "drop_above_policy_lag": drop_above_policy_lag},
         "model": {"base": model, "size": size},
     }
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)

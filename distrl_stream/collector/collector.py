@@ -37,7 +37,7 @@ from distrl_stream.collector.stats import CollectorStats
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
-from distrl_stream.envs.sim.templates import stable_int
+from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError
 from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, utc_now
@@ -188,7 +188,7 @@ class Collector:
             # Pinned: the version changes only between rounds, when the collector refreshes it itself.
             inference = inference.model_copy(update={"version_poll_s": math.inf})
         self._client = InferenceClient(inference, self.cfg.model.policy_id)
-        if settings.max_policy_lag is not None:
+        if settings.pause_above_policy_lag is not None:
             self._published = PublishedVersions(self.cfg, self._producer, f"collector-{self.collector_id}-weights")
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
         if self._sampler is None:
@@ -410,7 +410,7 @@ class Collector:
                 next_log += _WAIT_LOG_EVERY_S
             await self._sleep(self.settings.version_refresh_s)
 
-    # --- versions and max_policy_lag -------------------------------------------------------------------------
+    # --- versions and pause_above_policy_lag -----------------------------------------------------------------
 
     async def _served_version(self, *, force: bool = False) -> int:
         """The newest version the server serves, re-read at most every ``version_refresh_s`` (unless ``force``)."""
@@ -425,8 +425,9 @@ class Collector:
         return self._client.version
 
     async def _fresh_enough(self) -> bool:
-        """Wait while the served version is more than ``max_policy_lag`` behind the learner's; False when stopping."""
-        lag = self.settings.max_policy_lag
+        """Wait while the served version is more than ``pause_above_policy_lag`` behind the learner's; False when
+        stopping."""
+        lag = self.settings.pause_above_policy_lag
         while not self.stopping:
             if lag is None or self._published is None:
                 return True
@@ -439,7 +440,7 @@ class Collector:
                 return True
             if not self._paused:
                 log.warning(
-                    "pausing new episodes: serving version %d, %d behind the learner's %d (max_policy_lag %d)",
+                    "pausing new episodes: serving version %d, %d behind the learner's %d (pause_above_policy_lag %d)",
                     served,
                     latest - served,
                     latest,

@@ -1,4 +1,4 @@
-"""The learner's newest published policy version, followed from ``{run}.weights`` (for ``max_policy_lag``)."""
+"""The learner's newest published policy version, followed from ``{run}.weights`` (for ``pause_above_policy_lag``)."""
 
 from __future__ import annotations
 

@@ -95,7 +95,7 @@ class CollectorStats:
         Keys: ``episodes_per_min``, ``steps_per_s``, ``success_rate``, ``mean_episode_length``,
         ``inference_latency_p50_s`` / ``_p95_s``, ``env_latency_p50_s`` / ``_p95_s`` (interval; the last six are left
         out when the interval had no episode or step), ``policy_version``, ``in_flight``, ``paused`` (1 while
-        held back by ``max_policy_lag``), ``episodes_total``, ``episodes_<termination>``, ``published``,
+        held back by ``pause_above_policy_lag``), ``episodes_total``, ``episodes_<termination>``, ``published``,
         ``delivered``, ``dropped``, ``publish_failures``, ``abandoned``, ``steps_total``, ``rounds``, ``uptime_s``,
         plus ``extra``.
         """

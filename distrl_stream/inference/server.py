@@ -27,6 +27,7 @@ import httpx
 from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
 from distrl_stream.inference.client import served_name
+from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import free_port, signal_group
 
 log = logging.getLogger(__name__)
@@ -34,18 +35,6 @@ log = logging.getLogger(__name__)
 # vLLM on CPU reserves 92% of RAM for the KV cache unless told otherwise (docs/design.md §8).
 _CPU_MEMORY_UTILIZATION = "0.2"
 _LOG_TAIL_LINES = 40
-
-
-def resolve_model_dir(cfg: Config) -> Path:
-    """The base model folder to serve: ``model.base``, or the local model of ``model.size``, built on first use."""
-    if cfg.model.base is not None:
-        return cfg.model.base
-    target = cfg.data_dir / "models" / cfg.model.size
-    if not (target / "config.json").is_file():
-        from distrl_stream.policy.model import build_model  # torch + transformers: only when building
-
-        build_model(target, cfg.model.size, seed=cfg.model.seed)
-    return target
 
 
 def unload_all_adapters(server_url: str, timeout_s: float = 60.0) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from distrl_stream.artifacts import dir_size, local_path, sha256_dir
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
 from distrl_stream.errors import AdapterVerificationError, ArtifactError, DistrlError, InferenceError
@@ -36,7 +37,6 @@ from distrl_stream.kafka.consumer import Consumer, EventConsumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.policy.artifacts import dir_size, local_path, sha256_dir
 
 log = logging.getLogger(__name__)
 

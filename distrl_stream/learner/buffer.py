@@ -1,7 +1,6 @@
 """Replay buffer with Distributed Prioritized Experience Replay (DPER, docs/design.md §5.7).
 
-- Records: :class:`EpisodeRecord` / :class:`StepRecord` are plain dataclasses holding what the learner needs per
-  episode and step, decoupled from Avro: the ingest code fills them from a TrajectoryEvent.
+- Items: whole episodes, :class:`~distrl_stream.learner.records.EpisodeRecord` (see :mod:`.records`).
 - Storage: a circular buffer of ``capacity`` step slots. An episode is stored whole in consecutive slots (wrapping
   past the end); writing over a slot evicts the whole episode that owned it, so eviction takes whole oldest episodes
   and every stored episode keeps its boundaries. The sampled item is a whole episode: it never crosses a boundary
@@ -22,181 +21,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from distrl_stream.config import LearnerConfig
 from distrl_stream.errors import ReplayBufferError
+from distrl_stream.learner.records import EpisodeRecord
 
 _STATE_FORMAT = 1
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Records
-# ----------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class StepRecord:
-    """One step as the learner needs it (the fields of the event's Step it uses).
-
-    Attributes:
-        observation: the screen text the policy saw (the prompt is rebuilt from it).
-        candidates: the candidate action strings offered in choice mode (empty in free mode).
-        action_text: exactly what the policy produced.
-        action: canonical JSON of the parsed action, or "" when invalid.
-        valid: whether the env/validator accepted the action.
-        reward: r_t.
-        done: True on the terminal step (success or a ``status`` action); False on a truncated episode's last step.
-        behaviour_logprob: log μ(a_t|s_t), the sum over the action's tokens as served.
-        token_ids: the action's token ids.
-        token_logprobs: per-token behaviour log-probs.
-        policy_version: the version that produced the action (0 = base model).
-    """
-
-    observation: str
-    candidates: tuple[str, ...]
-    action_text: str
-    action: str
-    valid: bool
-    reward: float
-    done: bool
-    behaviour_logprob: float
-    token_ids: tuple[int, ...]
-    token_logprobs: tuple[float, ...]
-    policy_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class EpisodeRecord:
-    """One finished episode as the learner stores it.
-
-    Attributes:
-        episode_id: unique id (the Kafka key of its TrajectoryEvent).
-        task_id: the task it attempted.
-        instruction: the task's instruction text.
-        success: whether the task was solved.
-        termination: why it ended (success, failure, truncated, env_error, ...).
-        steps: the steps, in order.
-        mode: "choice" or "free" (how π(a|s) must be recomputed).
-        collector_id: the collector that produced it.
-        env_kind: sim, miniwob or android.
-        task_template: the task's template name.
-        split: train or test.
-        final_observation: the screen after the last step, when the producer recorded it; a truncated episode's
-            Retrace bootstrap V(s_L) needs it (without it the learner bootstraps with 0).
-    """
-
-    episode_id: str
-    task_id: str
-    instruction: str
-    success: bool
-    termination: str
-    steps: tuple[StepRecord, ...]
-    mode: str = "choice"
-    collector_id: str = ""
-    env_kind: str = ""
-    task_template: str = ""
-    split: str = "train"
-    final_observation: str | None = None
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    @property
-    def terminal(self) -> bool:
-        """True when the last step is terminal (done); False when the episode was truncated."""
-        return bool(self.steps) and self.steps[-1].done
-
-    def previous_actions(self, t: int) -> list[str]:
-        """The action texts of the steps before step ``t`` (what the prompt of step t shows as history)."""
-        return [step.action_text for step in self.steps[:t]]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain, JSON-serialisable form."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EpisodeRecord:
-        """Inverse of :meth:`to_dict`."""
-        steps = tuple(
-            StepRecord(
-                **{
-                    **s,
-                    "candidates": tuple(s["candidates"]),
-                    "token_ids": tuple(s["token_ids"]),
-                    "token_logprobs": tuple(s["token_logprobs"]),
-                }
-            )
-            for s in data["steps"]
-        )
-        return cls(**{**data, "steps": steps})
-
-
-@dataclass(frozen=True)
-class EpisodeBatch:
-    """Episodes in the padded ``[B, T]`` layout of :mod:`distrl_stream.learner.aride`.
-
-    Flat per-step tensors the trainer computes (log-probs, entropies, values) are in episode-major order, the order
-    of ``[step for episode in episodes for step in episode.steps]``, and enter this layout with ``aride.pad_steps``.
-
-    Attributes:
-        mask: ``[B, T]`` bool, True on real steps.
-        rewards: ``[B, T]`` float32.
-        done: ``[B, T]`` bool.
-        invalid: ``[B, T]`` bool, True where the action was invalid.
-        behaviour_logp: ``[B, T]`` float32 log μ(a_t|s_t).
-        policy_version: ``[B, T]`` int64 behaviour policy version.
-        success: ``[B]`` bool.
-        truncated: ``[B]`` bool, True when the last step is not terminal (needs a bootstrap value).
-    """
-
-    mask: Tensor
-    rewards: Tensor
-    done: Tensor
-    invalid: Tensor
-    behaviour_logp: Tensor
-    policy_version: Tensor
-    success: Tensor
-    truncated: Tensor
-
-    @property
-    def lengths(self) -> Tensor:
-        """``[B]`` number of steps per episode."""
-        return self.mask.sum(dim=1)
-
-
-def collate(episodes: Sequence[EpisodeRecord]) -> EpisodeBatch:
-    """Build the padded batch tensors of ``episodes`` (left-aligned, padded to the longest)."""
-    lengths = [len(e) for e in episodes]
-    b, t = len(episodes), max(lengths, default=0)
-    mask = torch.zeros(b, t, dtype=torch.bool)
-    rewards = torch.zeros(b, t)
-    done = torch.zeros(b, t, dtype=torch.bool)
-    invalid = torch.zeros(b, t, dtype=torch.bool)
-    behaviour_logp = torch.zeros(b, t)
-    version = torch.zeros(b, t, dtype=torch.long)
-    for i, episode in enumerate(episodes):
-        n = lengths[i]
-        mask[i, :n] = True
-        rewards[i, :n] = torch.tensor([s.reward for s in episode.steps])
-        done[i, :n] = torch.tensor([s.done for s in episode.steps])
-        invalid[i, :n] = torch.tensor([not s.valid for s in episode.steps])
-        behaviour_logp[i, :n] = torch.tensor([s.behaviour_logprob for s in episode.steps])
-        version[i, :n] = torch.tensor([s.policy_version for s in episode.steps])
-    return EpisodeBatch(
-        mask=mask,
-        rewards=rewards,
-        done=done,
-        invalid=invalid,
-        behaviour_logp=behaviour_logp,
-        policy_version=version,
-        success=torch.tensor([e.success for e in episodes], dtype=torch.bool),
-        truncated=torch.tensor([not e.terminal for e in episodes], dtype=torch.bool),
-    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -358,6 +194,11 @@ class ReplayBuffer:
         self._steps = 0
         self.episodes_evicted = 0
 
+    @classmethod
+    def from_config(cls, cfg: LearnerConfig) -> ReplayBuffer:
+        """An empty buffer of ``[learner]``'s capacity, α and seed."""
+        return cls(cfg.buffer_capacity_steps, cfg.dper_alpha, seed=cfg.seed)
+
     # -- contents ----------------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
@@ -400,6 +241,19 @@ class ReplayBuffer:
         """The step slots an episode occupies, in step order (wrapping past the end of the ring)."""
         start, n = self._start[key], len(self.get(key))
         return [(start + i) % self.capacity for i in range(n)]
+
+    def stats(self) -> dict[str, float]:
+        """Fill and priority statistics (the learner's ``buffer_*`` and ``priority_*`` metrics)."""
+        priorities = np.array([self.priority(k) for k in self]) if len(self) else None
+        return {
+            "buffer_episodes": float(len(self)),
+            "buffer_steps": float(self.num_steps),
+            "buffer_fill": self.num_steps / self.capacity,
+            "buffer_evicted": float(self.episodes_evicted),
+            "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
+            "priority_max": float(priorities.max()) if priorities is not None else 0.0,
+            "priority_min": float(priorities.min()) if priorities is not None else 0.0,
+        }
 
     @property
     def max_priority(self) -> float:

@@ -1,7 +1,7 @@
 """Learner checkpoints and the ingest log: what makes a restart lose nothing and repeat nothing.
 
 A checkpoint is one folder ``ckpt-<seq>`` under ``{run_dir}/learner/<member>/checkpoints``, written whole into a
-temporary folder, fsynced and renamed (``policy.artifacts.atomic_dir``), so a crash at any moment leaves either the
+temporary folder, fsynced and renamed (``artifacts.atomic_dir``), so a crash at any moment leaves either the
 previous checkpoint or the new one, never half of one. It holds:
 
 - ``adapter/``: the LoRA adapter (peft format);
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from distrl_stream.artifacts import atomic_dir, remove_partial_dirs
 from distrl_stream.errors import CheckpointError
-from distrl_stream.policy.artifacts import atomic_dir, remove_partial_dirs
 
 CHECKPOINT_FORMAT = 1
 _NAME = re.compile(r"^ckpt-(\d{8})$")

@@ -1,7 +1,7 @@
 """Ingest: trajectories from ``{run}.trajectories`` into the learner, in a reader thread.
 
 The reader is a member of the consumer group ``{run}.learner``. It polls, decodes (Avro) and converts each record
-into an :class:`~distrl_stream.learner.buffer.EpisodeRecord` on its own thread and queues it for the trainer, which
+into an :class:`~distrl_stream.learner.records.EpisodeRecord` on its own thread and queues it for the trainer, which
 drains the queue between updates without waiting. So a long update never keeps the consumer from polling (it polls
 every 0.2 s whatever the trainer does: ``max.poll.interval.ms`` is never at risk), and decoding never stalls an
 update. When the queue holds ``ingest_queue_episodes`` the reader pauses its partitions and keeps polling; it resumes
@@ -13,15 +13,14 @@ positions are what a checkpoint stores and what the reader seeks to when a parti
 checkpoints (:meth:`TrajectoryReader.commit`), and a partition taken away by a rebalance is committed at the accepted
 position on revocation, so the next owner continues exactly there.
 
-Records that cannot be decoded, or decode into something that is not a usable episode (:func:`episode_from_event`
-raises :class:`~distrl_stream.errors.TrajectoryError`), go to ``{run}.dlq`` with the reason; they still reach the
-trainer as dead entries so their offsets advance with the rest.
+Records that cannot be decoded, or decode into something that is not a usable episode
+(:func:`.records.episode_from_event` raises :class:`~distrl_stream.errors.TrajectoryError`), go to ``{run}.dlq``
+with the reason; they still reach the trainer as dead entries so their offsets advance with the rest.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections import deque
 from collections.abc import Mapping
@@ -39,75 +38,12 @@ from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.buffer import EpisodeRecord, StepRecord
+from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 
 log = logging.getLogger(__name__)
 
 # Episodes that ended without a verdict: the learner never trains on them (their last value is unknown).
 INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENCE_ERROR, Termination.ABANDONED})
-
-
-def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
-    """Convert a trajectory event into the learner's episode record.
-
-    ``done`` as in docs/design.md §5.1: True only on a terminal last step (success, failure, or a ``status`` action); a
-    truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates are
-    kept only in choice mode (free-mode log-probs use the whole vocabulary).
-
-    Raises:
-        TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
-            before the last, token ids that are not a 1-D integer array, or a non-finite reward or log-prob.
-    """
-    if not event.steps:
-        raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
-    if event.mode not in ("choice", "free"):
-        raise TrajectoryError(f"episode {event.episode_id!r} has unknown mode {event.mode!r}")
-    last = len(event.steps) - 1
-    steps = []
-    for t, step in enumerate(event.steps):
-        where = f"episode {event.episode_id!r} step {t}"
-        if step.done and t != last:
-            raise TrajectoryError(f"{where} is marked done before the last step")
-        ids = step.token_ids.to_numpy()
-        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
-            raise TrajectoryError(f"{where}: token_ids must be a non-empty 1-D integer array ({ids.dtype}{ids.shape})")
-        if ids.min() < 0:
-            raise TrajectoryError(f"{where}: negative token id")
-        token_logprobs = step.token_logprobs.to_numpy().astype(float)
-        if not (math.isfinite(step.reward) and math.isfinite(step.behaviour_logprob)):
-            raise TrajectoryError(f"{where}: non-finite reward or behaviour log-prob")
-        if step.policy_version < 0:
-            raise TrajectoryError(f"{where}: negative policy version {step.policy_version}")
-        if event.mode == "choice" and not step.candidates:
-            raise TrajectoryError(f"{where}: choice mode without candidates")
-        steps.append(
-            StepRecord(
-                observation=step.observation,
-                candidates=tuple(step.candidates) if event.mode == "choice" else (),
-                action_text=step.action_text,
-                action=step.action,
-                valid=step.valid,
-                reward=float(step.reward),
-                done=bool(step.done) and t == last and event.termination != Termination.TRUNCATED,
-                behaviour_logprob=float(step.behaviour_logprob),
-                token_ids=tuple(int(i) for i in ids),
-                token_logprobs=tuple(float(x) for x in token_logprobs),
-                policy_version=int(step.policy_version),
-            )
-        )
-    return EpisodeRecord(
-        episode_id=event.episode_id,
-        task_id=event.task_id,
-        instruction=event.instruction,
-        success=bool(event.success),
-        termination=str(event.termination),
-        steps=tuple(steps),
-        mode=event.mode,
-        collector_id=event.collector_id,
-        env_kind=event.env_kind,
-        task_template=event.task_template,
-        split=event.split,
-    )
 
 
 class EntryKind(StrEnum):

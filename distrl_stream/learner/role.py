@@ -9,8 +9,9 @@
 
 The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
 
-1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than ``max_policy_lag``
-   versions behind) or incomplete, put the rest in the replay buffer, and write every record to the ingest log;
+1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than
+   ``drop_above_policy_lag`` versions behind) or incomplete, put the rest in the replay buffer, and write every
+   record to the ingest log;
 2. when the buffer holds ``min_buffer_episodes`` (async) — or, in round mode, when ``round_episodes`` trajectories
    of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
@@ -25,7 +26,6 @@ newest adapter in the artifact store (a version published after the last checkpo
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,13 +35,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl_stream.config import Config
+from distrl_stream.artifacts import adapter_dir, atomic_dir, newest_artifact_version, version_event
+from distrl_stream.config import Algorithm, Config
 from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.buffer import EpisodeRecord, ReplayBuffer
+from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointStore,
@@ -51,33 +52,14 @@ from distrl_stream.learner.checkpoint import (
     write_json,
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
-from distrl_stream.learner.trainer import Algorithm, Trainer, load_policy
-from distrl_stream.policy.artifacts import atomic_dir, version_event
+from distrl_stream.learner.records import EpisodeRecord
+from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
 
-_VERSION_DIR = re.compile(r"^v(\d{6,})$")
 # Update statistics copied into each WeightVersionEvent's metrics summary.
 _SUMMARY_KEYS = ("loss_policy", "loss_critic", "entropy", "rho_mean", "value_error", "batch_success")
-
-
-def artifacts_dir(cfg: Config) -> Path:
-    """Where the policy's adapter versions live: ``{run_dir}/artifacts/<policy_id>``."""
-    return cfg.run_dir / "artifacts" / cfg.model.policy_id
-
-
-def adapter_dir(cfg: Config, version: int) -> Path:
-    """The artifact folder of one version: ``{run_dir}/artifacts/<policy_id>/v<NNNNNN>``."""
-    return artifacts_dir(cfg) / f"v{version:06d}"
-
-
-def newest_artifact_version(cfg: Config) -> int:
-    """The highest version with a complete adapter folder in the artifact store (0 when none)."""
-    root = artifacts_dir(cfg)
-    if not root.is_dir():
-        return 0
-    found = [int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))]
-    return max(found, default=0)
 
 
 @dataclass
@@ -85,7 +67,7 @@ class Counters:
     """What the learner has done, cumulative over restarts (saved in checkpoints)."""
 
     ingested: int = 0  # episodes put in the buffer
-    stale: int = 0  # dropped: older than max_policy_lag versions
+    stale: int = 0  # dropped: more than drop_above_policy_lag versions behind
     incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
     dead: int = 0  # undecodable or unusable records (dead-lettered)
     rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
@@ -133,7 +115,10 @@ class Learner:
         self.store = CheckpointStore(self.dir / "checkpoints", cfg.learner.checkpoint_keep)
         self.ingest_log = IngestLog(self.dir / "ingested.log")
         self.counters = Counters()
+        # The one record of the current policy version: the number of the newest version this learner published
+        # (or found in the artifact store at start); lags and round mode are measured from it.
         self.version = 0
+        self.buffer = ReplayBuffer.from_config(cfg.learner)
         self.restored_from: Path | None = None
         self._model_dir = model_dir
         self._trainer: Trainer | None = None
@@ -175,7 +160,7 @@ class Learner:
             torch.set_num_threads(self.settings.threads)
         ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
-        model_dir = self._model_dir or _resolve_model_dir(self.cfg)
+        model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
         checkpoint = self.store.latest()
         if checkpoint is not None:
@@ -183,9 +168,10 @@ class Learner:
             return
         self.ingest_log.truncate(0)  # records of a run that died before its first checkpoint are re-read
         model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter)
-        self._trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        self._trainer = Trainer(
+            self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature
+        )
         self.version = newest_artifact_version(self.cfg)
-        self.trainer.version = self.version
         if from_replay is not None:
             self.pretrain(from_replay, replay_updates, replay_algorithm)
         if self.settings.init_adapter is not None or from_replay is not None:
@@ -200,20 +186,19 @@ class Learner:
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
         model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter")
-        trainer = Trainer(self.settings, model, tokenizer, temperature=self.cfg.inference.temperature)
+        try:
+            self.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
+        except ReplayBufferError as exc:
+            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
+        trainer = Trainer(self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature)
         try:
             trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", weights_only=True))
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {checkpoint}: trainer state unusable: {exc}") from None
-        try:
-            trainer.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
-        except ReplayBufferError as exc:
-            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
         self._trainer = trainer
         self._start_offsets = {int(p): int(o) for p, o in state["offsets"].items()}
         self.counters = Counters(**state["counters"])
         self.version = max(int(state["version"]), newest_artifact_version(self.cfg))
-        trainer.version = self.version
         self._round_new = int(state.get("round_new", 0))
         self._round_updates_left = int(state.get("round_updates_left", 0))
         self.ingest_log.truncate(int(state["ingest_log_bytes"]))
@@ -225,7 +210,7 @@ class Learner:
             trainer.updates,
             self.version,
             self._start_offsets,
-            len(trainer.buffer),
+            len(self.buffer),
         )
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -243,7 +228,7 @@ class Learner:
         self._reader = TrajectoryReader(self.cfg, self.member_id, self._start_offsets)
         self._reader.start()
         self._window = _Window()
-        self._replay_base = (trainer.updates, self.counters.ingested - len(trainer.buffer))
+        self._replay_base = (trainer.updates, self.counters.ingested - len(self.buffer))
         clean = False
         try:
             while not stop.is_set():
@@ -299,11 +284,11 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > self.settings.max_policy_lag:
+        if max(lags) > self.settings.drop_above_policy_lag:
             self.counters.stale += 1
             return "stale"
         try:
-            self.trainer.buffer.add(episode)
+            self.buffer.add(episode)
         except ReplayBufferError as exc:
             log.warning("episode %s refused by the replay buffer: %s", episode.episode_id, exc)
             self.counters.rejected += 1
@@ -335,7 +320,7 @@ class Learner:
 
     def _update_once(self) -> None:
         trainer = self.trainer
-        stats = trainer.update()
+        stats = trainer.update(version=self.version)
         if stats is not None:
             self._window.add(stats)
             self._last_stats = stats
@@ -380,7 +365,6 @@ class Learner:
         self._producer.produce_event(self.topics.weights, event)
         self._producer.flush()
         self.version = version
-        self.trainer.version = version
         self.counters.published += 1
         self._dirty = True
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
@@ -419,7 +403,7 @@ class Learner:
         def write(folder: Path) -> None:
             trainer.save_adapter(folder / "adapter")
             torch.save(trainer.state_dict(), folder / "trainer.pt")
-            write_json(folder / "buffer.json", trainer.buffer.state_dict())
+            write_json(folder / "buffer.json", self.buffer.state_dict())
             write_json(folder / "state.json", state)
 
         path = self.store.save(write)
@@ -448,7 +432,7 @@ class Learner:
             if entry.episode is None or entry.termination in INCOMPLETE_TERMINATIONS:
                 continue
             try:
-                self.trainer.buffer.add(entry.episode)
+                self.buffer.add(entry.episode)
             except ReplayBufferError as exc:
                 log.warning("replayed episode %s refused: %s", entry.episode_id, exc)
                 continue
@@ -471,7 +455,7 @@ class Learner:
         attempts = 0
         while done < updates and attempts < 2 * updates + 10:
             attempts += 1
-            stats = self.trainer.update(algorithm)
+            stats = self.trainer.update(algorithm, version=self.version)
             if stats is not None:
                 done += 1
                 self._window.add(stats)
@@ -491,7 +475,7 @@ class Learner:
         lags = np.asarray(window.lags, dtype=float)
         values: dict[str, float] = {
             **window.means(),
-            **trainer.buffer_stats(),
+            **self.buffer.stats(),
             "version": float(self.version),
             "updates": float(trainer.updates),
             "updates_per_s": window.updates / elapsed,
@@ -531,13 +515,6 @@ class Learner:
         self._producer.produce_event(self.topics.metrics, event)
         self._window = _Window()
         return event
-
-
-def _resolve_model_dir(cfg: Config) -> Path:
-    # The server's own resolution: the learner must train on exactly the base the server serves.
-    from distrl_stream.inference.server import resolve_model_dir
-
-    return resolve_model_dir(cfg)
 
 
 def run_learner(cfg: Config, stop: threading.Event, **start_kwargs: Any) -> Learner:

@@ -23,27 +23,23 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from distrl_stream.config import LearnerConfig, ModelConfig
+from distrl_stream.config import ALGORITHMS, Algorithm, LearnerConfig, ModelConfig
 from distrl_stream.errors import ActionConstraintError, LearnerError
 from distrl_stream.learner import aride
-from distrl_stream.learner.buffer import EpisodeRecord, ReplayBuffer, collate, is_beta, trajectory_priorities
+from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
+from distrl_stream.learner.records import EpisodeRecord, collate
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 
 log = logging.getLogger(__name__)
-
-Algorithm = Literal["aride", "digirl", "filtered_bc", "bc"]
-ALGORITHMS: tuple[str, ...] = ("aride", "digirl", "filtered_bc", "bc")
-
 
 # ----------------------------------------------------------------------------------------------------------------
 # Policy model
@@ -140,12 +136,14 @@ class FeatureCache:
 
 
 class Trainer:
-    """Policy, critics, optimisers and replay buffer of one learner, and the update of each algorithm.
+    """Policy, critics and optimisers of one learner, and the update of each algorithm on batches of its buffer.
 
     Args:
         cfg: the learner's hyper-parameters.
         model: the policy (:func:`load_policy`).
         tokenizer: its tokenizer.
+        buffer: the replay buffer updates sample from (the learner's; it owns and checkpoints it). Updates refresh
+            its priorities and remove episodes whose actions are impossible.
         temperature: the sampling temperature the server uses (log π is recomputed with it).
     """
 
@@ -154,6 +152,7 @@ class Trainer:
         cfg: LearnerConfig,
         model: PeftModel,
         tokenizer: PreTrainedTokenizerBase,
+        buffer: ReplayBuffer,
         *,
         temperature: float = 1.0,
     ) -> None:
@@ -172,12 +171,11 @@ class Trainer:
         optimiser = torch.optim.Adam if cfg.optimizer == "adam" else torch.optim.AdamW
         self.policy_opt = optimiser(self.policy_params, lr=cfg.policy_lr)
         self.critic_opt = optimiser(self.critic_params, lr=cfg.critic_lr)
-        self.buffer = ReplayBuffer(cfg.buffer_capacity_steps, cfg.dper_alpha, seed=cfg.seed)
+        self.buffer = buffer
         self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size)
         self.constraint = ChoiceConstraint(tokenizer, model.config.vocab_size)
         self.updates = 0
         self.rejected = 0  # episodes removed because their tokens are impossible under their candidates
-        self.version = 0  # the learner's current policy version (lag = version − behaviour version)
 
     # -- buffer --------------------------------------------------------------------------------------------------
 
@@ -187,8 +185,12 @@ class Trainer:
 
     # -- the update ----------------------------------------------------------------------------------------------
 
-    def update(self, algorithm: Algorithm | None = None) -> dict[str, float] | None:
+    def update(self, algorithm: Algorithm | None = None, *, version: int = 0) -> dict[str, float] | None:
         """One update of ``algorithm`` (default ``cfg.algorithm``) on a batch from the buffer.
+
+        Args:
+            algorithm: the update rule.
+            version: the learner's current policy version; the batch's lag statistics are measured from it.
 
         Returns:
             The update's statistics, or None when there was nothing to learn from (empty buffer; no successful
@@ -200,11 +202,11 @@ class Trainer:
             return None
         try:
             if algorithm == "aride":
-                stats = self.aride_update()
+                stats = self.aride_update(version)
             elif algorithm == "digirl":
-                stats = self.digirl_update()
+                stats = self.digirl_update(version)
             elif algorithm in ("filtered_bc", "bc"):
-                stats = self.bc_update(filtered=algorithm == "filtered_bc")
+                stats = self.bc_update(version, filtered=algorithm == "filtered_bc")
             else:
                 raise LearnerError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
         except ActionConstraintError as exc:
@@ -220,7 +222,7 @@ class Trainer:
             stats["priorities_refreshed"] = float(self.refresh_priorities())
         return stats
 
-    def aride_update(self) -> dict[str, float]:
+    def aride_update(self, version: int) -> dict[str, float]:
         """One A-RIDE update (docs/design.md §5) on a DPER sample; refreshes the sampled episodes' priorities."""
         cfg = self.cfg
         beta = is_beta(self.updates, cfg.is_beta_start, cfg.is_beta_end, cfg.is_beta_anneal_updates)
@@ -268,7 +270,7 @@ class Trainer:
             "value_mean": float(aride.masked_mean(values, batch.mask)),
             "is_weight_mean": float(sample.is_weights.mean()),
             "sampled_priority_mean": float(priorities.mean()),
-            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
             **grads,
         }
 
@@ -278,7 +280,7 @@ class Trainer:
         value_logits = aride.pad_steps(self.step_critic(self.step_features(episodes)), mask)
         return value_logits, torch.sigmoid(value_logits).detach(), self.bootstrap_values(episodes)
 
-    def digirl_update(self) -> dict[str, float] | None:
+    def digirl_update(self, version: int) -> dict[str, float] | None:
         """DigiRL-style update: keep the top quantile of the buffer by 1{success} − V_traj, draw uniformly among
         them, and raise log π where the binarised doubly-robust step advantage is positive. Both critics learn."""
         cfg = self.cfg
@@ -315,11 +317,11 @@ class Trainer:
             "positive_advantage_frac": float(aride.masked_mean(step_adv, batch.mask)),
             **aride.rho_stats(rhos, batch.mask, cfg.rho_bar),
             "value_error": float(aride.masked_mean((values - v_ret).abs(), batch.mask)),
-            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
             **grads,
         }
 
-    def bc_update(self, *, filtered: bool) -> dict[str, float] | None:
+    def bc_update(self, version: int, *, filtered: bool) -> dict[str, float] | None:
         """Behaviour cloning: −E[log π] over successful episodes (``filtered``) or over all (the warm start)."""
         cfg = self.cfg
         among = [k for k, e in self.buffer.items() if e.success] if filtered else None
@@ -336,7 +338,7 @@ class Trainer:
             "entropy": float(aride.masked_mean(entropy.detach(), batch.mask)),
             "logp_mean": float(aride.masked_mean(logp.detach(), batch.mask)),
             "imitated_fraction": float(len(among) / len(self.buffer)) if among is not None else 1.0,
-            **self._batch_stats(batch.policy_version, batch.mask, batch.success),
+            **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
             **grads,
         }
 
@@ -410,14 +412,6 @@ class Trainer:
         self.policy_opt.step()
         return {"grad_norm_policy": float(policy_norm), "grad_norm_critic": float(critic_norm)}
 
-    def _batch_stats(self, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:
-        lag = (self.version - versions[mask]).float()
-        return {
-            "batch_lag_mean": float(lag.mean()) if lag.numel() else 0.0,
-            "batch_lag_max": float(lag.max()) if lag.numel() else 0.0,
-            "batch_success": float(success.float().mean()) if success.numel() else 0.0,
-        }
-
     # -- priorities ----------------------------------------------------------------------------------------------
 
     @torch.no_grad()
@@ -479,18 +473,15 @@ class Trainer:
         self.rejected = int(state["rejected"])
         torch.set_rng_state(state["torch_rng"])
 
-    def buffer_stats(self) -> dict[str, float]:
-        """Fill and priority statistics of the replay buffer."""
-        priorities = np.array([self.buffer.priority(k) for k in self.buffer]) if len(self.buffer) else None
-        return {
-            "buffer_episodes": float(len(self.buffer)),
-            "buffer_steps": float(self.buffer.num_steps),
-            "buffer_fill": self.buffer.num_steps / self.buffer.capacity,
-            "buffer_evicted": float(self.buffer.episodes_evicted),
-            "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
-            "priority_max": float(priorities.max()) if priorities is not None else 0.0,
-            "priority_min": float(priorities.min()) if priorities is not None else 0.0,
-        }
+
+def _batch_stats(version: int, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:
+    """Policy lag (``version`` − behaviour version) over the batch's steps, and its success rate."""
+    lag = (version - versions[mask]).float()
+    return {
+        "batch_lag_mean": float(lag.mean()) if lag.numel() else 0.0,
+        "batch_lag_max": float(lag.max()) if lag.numel() else 0.0,
+        "batch_success": float(success.float().mean()) if success.numel() else 0.0,
+    }
 
 
 def _prefixed(prefix: str, stats: dict[str, float]) -> dict[str, float]:

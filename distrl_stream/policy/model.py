@@ -17,8 +17,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from distrl_stream.artifacts import atomic_dir
 from distrl_stream.errors import ModelBuildError
-from distrl_stream.policy.artifacts import atomic_dir
 from distrl_stream.policy.prompt import build_prompt
 
 EOS_TOKEN = "<|endoftext|>"

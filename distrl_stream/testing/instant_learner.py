@@ -15,13 +15,13 @@ from pathlib import Path
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from distrl_stream.artifacts import atomic_dir, version_event
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config, ModelConfig
 from distrl_stream.events import TrajectoryEvent, decode
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
-from distrl_stream.policy.artifacts import atomic_dir, version_event
 
 log = logging.getLogger(__name__)
 

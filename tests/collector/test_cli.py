@@ -22,7 +22,7 @@ def test_help_explains_each_common_option_with_its_default() -> None:
         ("--env", "sim"),
         ("--action-mode", "choice"),
         ("--grace", "30.0"),
-        ("--max-policy-lag", "none"),
+        ("--pause-above-policy-lag", "none"),
         ("--metrics-interval", "10.0"),
     ]:
         assert flag in text
@@ -54,7 +54,7 @@ def test_collector_section_comes_from_the_environment_and_is_validated(monkeypat
     monkeypatch.setenv("DISTRL_COLLECTOR__MODE", "sync")
     cfg = load_config()
     assert cfg.collector.envs == 32 and cfg.collector.mode == "sync"
-    assert CollectorConfig().max_policy_lag is None and CollectorConfig().on_error == "publish"
+    assert CollectorConfig().pause_above_policy_lag is None and CollectorConfig().on_error == "publish"
     monkeypatch.setenv("DISTRL_COLLECTOR__ON_ERROR", "ignore")
     with pytest.raises(ConfigError, match=r"collector\.on_error"):
         load_config()

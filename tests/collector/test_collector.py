@@ -135,12 +135,14 @@ async def test_sync_mode_runs_rounds_that_never_mix_versions(
         assert max(e.ended_at for e in earlier) <= min(e.started_at for e in later)  # the barrier
 
 
-async def test_max_policy_lag_pauses_new_episodes_until_the_server_catches_up(
+async def test_pause_above_policy_lag_pauses_new_episodes_until_the_server_catches_up(
     collector_config: Callable[..., Config],
     noop_adapter: Path,
     weight_watcher: Callable[[Config], WeightWatcher],
 ) -> None:
-    cfg = collector_config(collector={"envs": 2, "max_policy_lag": 1, "max_episodes": 2, "metrics_interval_s": 0.3})
+    cfg = collector_config(
+        collector={"envs": 2, "pause_above_policy_lag": 1, "max_episodes": 2, "metrics_interval_s": 0.3}
+    )
     ensure_run_topics(cfg)
     with Producer(cfg.kafka) as producer:
         publish_version(cfg, producer, 3, noop_adapter)  # the learner is at 3, the server at 0

@@ -14,6 +14,7 @@ import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from distrl_stream.artifacts import atomic_dir, dir_size, sha256_dir
 from distrl_stream.config import Config, ModelConfig
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, utc_now
 from distrl_stream.inference.client import ActionResult, InferenceClient
@@ -21,7 +22,6 @@ from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.policy.artifacts import atomic_dir, dir_size, sha256_dir
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 from tests.fixtures.vllm import VllmService

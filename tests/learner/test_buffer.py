@@ -12,15 +12,8 @@ from hypothesis import strategies as st
 
 from distrl_stream.errors import ReplayBufferError
 from distrl_stream.learner import aride
-from distrl_stream.learner.buffer import (
-    EpisodeRecord,
-    ReplayBuffer,
-    StepRecord,
-    SumTree,
-    collate,
-    is_beta,
-    trajectory_priorities,
-)
+from distrl_stream.learner.buffer import ReplayBuffer, SumTree, is_beta, trajectory_priorities
+from distrl_stream.learner.records import EpisodeRecord, StepRecord, collate
 
 torch.set_num_threads(1)
 

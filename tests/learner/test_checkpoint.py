@@ -12,7 +12,7 @@ from distrl_stream.config import LearnerConfig, ModelConfig
 from distrl_stream.errors import CheckpointError
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog
-from distrl_stream.learner.ingest import episode_from_event
+from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
 from tests.learner.simdata import sim_events
 
@@ -72,7 +72,7 @@ def test_ingest_log_truncates_back_to_a_checkpoint(tmp_path: Path) -> None:
 def test_trainer_round_trip_continues_exactly(tiny_model_dir: Path, tmp_path: Path) -> None:
     cfg = LearnerConfig(batch_episodes=4, min_buffer_episodes=4, policy_lr=1e-3, critic_lr=1e-3)
     model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
-    trainer = Trainer(cfg, model, tokenizer)
+    trainer = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
     for ev in sim_events(tokenizer, 8, seed=1):
         trainer.buffer.add(episode_from_event(ev))
     for _ in range(2):
@@ -83,9 +83,9 @@ def test_trainer_round_trip_continues_exactly(tiny_model_dir: Path, tmp_path: Pa
     expected = trainer.update()
 
     model2, tokenizer2 = load_policy(tiny_model_dir, ModelConfig(), tmp_path / "adapter")
-    restored = Trainer(cfg, model2, tokenizer2)
+    buffer = ReplayBuffer.from_state_dict(json.loads((tmp_path / "buffer.json").read_text()))
+    restored = Trainer(cfg, model2, tokenizer2, buffer)
     restored.load_state_dict(torch.load(tmp_path / "trainer.pt", weights_only=True))
-    restored.buffer = ReplayBuffer.from_state_dict(json.loads((tmp_path / "buffer.json").read_text()))
     got = restored.update()
     assert expected is not None and got is not None
     assert restored.updates == trainer.updates == 3

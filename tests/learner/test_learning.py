@@ -140,7 +140,7 @@ def test_learner_collectors_and_vllm_learn_and_survive_kill_9(
     learn = ["learn", "--run", cfg.run, "--bootstrap-servers", cfg.kafka.bootstrap_servers]
     learn += ["--model", str(cfg.model.base), "--threads", "1"]
     collect = ["collect", "--run", cfg.run, "--bootstrap-servers", cfg.kafka.bootstrap_servers, "--envs", "8"]
-    collect += ["--collector-id", "c0", "--max-policy-lag", "2"]
+    collect += ["--collector-id", "c0", "--pause-above-policy-lag", "2"]
     member = learner_dir(cfg.run_dir, "0")
     store = CheckpointStore(member / "checkpoints")
 

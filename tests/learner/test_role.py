@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from distrl_stream.artifacts import adapter_dir, local_path, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.learner.checkpoint import IngestLog
-from distrl_stream.learner.role import Learner, adapter_dir
-from distrl_stream.policy.artifacts import local_path, sha256_dir
+from distrl_stream.learner.role import Learner
 from tests.learner.simdata import sim_events
 
 pytestmark = pytest.mark.kafka
@@ -176,7 +176,7 @@ def test_replay_ratio_caps_updates_per_ingested_episode(
 def test_poison_stale_and_good_records_are_each_handled_and_logged(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
-    cfg = learner_config(max_policy_lag=1, min_buffer_episodes=100)
+    cfg = learner_config(drop_above_policy_lag=1, min_buffer_episodes=100)
     learner = started(cfg)
     for _ in range(3):
         learner.publish()  # the learner is at version 3
@@ -190,7 +190,7 @@ def test_poison_stale_and_good_records_are_each_handled_and_logged(
     )
     running.finish()
     assert (learner.counters.ingested, learner.counters.stale, learner.counters.dead) == (2, 1, 1)
-    assert sorted(e.episode_id for _k, e in learner.trainer.buffer.items()) == sorted(e.episode_id for e in good)
+    assert sorted(e.episode_id for _k, e in learner.buffer.items()) == sorted(e.episode_id for e in good)
     records = IngestLog.read(learner.ingest_log.path)
     assert [(r.offset, r.status) for r in records] == [(0, "ingested"), (1, "dead"), (2, "stale"), (3, "ingested")]
     [letter] = [decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq)]

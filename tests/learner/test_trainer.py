@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from distrl_stream.config import LearnerConfig, ModelConfig
-from distrl_stream.learner.buffer import EpisodeRecord
-from distrl_stream.learner.ingest import episode_from_event
+from distrl_stream.learner.buffer import ReplayBuffer
+from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy, step_prompt
 from tests.learner.simdata import sim_events
 
@@ -27,7 +27,7 @@ def episodes(tiny_model_dir: Path) -> list[EpisodeRecord]:
 def trainer(tiny_model_dir: Path, episodes: list[EpisodeRecord], **settings: object) -> Trainer:
     model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
     cfg = LearnerConfig(**{"batch_episodes": 4, "min_buffer_episodes": 4, "policy_lr": 1e-2, **settings})
-    out = Trainer(cfg, model, tokenizer)
+    out = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
     for episode in episodes:
         out.buffer.add(episode)
     return out

@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from typer.testing import CliRunner
 
+from distrl_stream.artifacts import sha256_dir
 from distrl_stream.cli.main import app
 from distrl_stream.errors import ModelBuildError
-from distrl_stream.policy.artifacts import sha256_dir
 from distrl_stream.policy.model import build_model, count_parameters
 
 ACTION = '{"action_type":"click","index":3}'

@@ -22,8 +22,9 @@ from distrl_stream.envs.actions import (
     parse_action,
 )
 from distrl_stream.envs.base import EnvBase, EnvKind, Observation, Outcome, Split, Task
+from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.sim.oracle import Op, next_action
-from distrl_stream.envs.sim.templates import TEMPLATES, field_texts, instantiate, iter_vocabulary, sim_tasks, stable_int
+from distrl_stream.envs.sim.templates import TEMPLATES, field_texts, instantiate, iter_vocabulary, sim_tasks
 from distrl_stream.envs.sim.world import World
 from distrl_stream.errors import EnvError
 

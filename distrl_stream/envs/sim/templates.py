@@ -10,7 +10,6 @@ test task asks for something no train task asks for; the few small templates (a 
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -19,6 +18,7 @@ from typing import Final, Literal
 
 from distrl_stream.envs.actions import Action
 from distrl_stream.envs.base import Split, Task
+from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.sim.oracle import Op, fill, hold, next_action, tap
 from distrl_stream.envs.sim.world import (
     DISPLAY_SETTINGS,
@@ -608,11 +608,6 @@ TEMPLATES: Final[dict[str, Template]] = {
 
 
 # ---- tasks --------------------------------------------------------------------------------------------------------
-
-
-def stable_int(text: str) -> int:
-    """A 31-bit integer from text, the same on every machine and Python (unlike ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") & 0x7FFFFFFF
 
 
 def split_of(template: Template, instruction: str, seed: int) -> Split:

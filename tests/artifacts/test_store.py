@@ -1,4 +1,4 @@
-"""The adapter hash and the atomic folder write that learner and inference service share."""
+"""The artifact store: its layout, and the adapter hash and atomic folder write that learner and inference share."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from distrl_stream.artifacts import (
+    adapter_dir,
+    artifacts_dir,
+    atomic_dir,
+    dir_size,
+    local_path,
+    newest_artifact_version,
+    sha256_dir,
+)
+from distrl_stream.config import Config
 from distrl_stream.errors import ArtifactError
-from distrl_stream.policy.artifacts import atomic_dir, dir_size, local_path, sha256_dir
 
 
 def _write(root: Path, files: dict[str, bytes]) -> Path:
@@ -73,3 +82,15 @@ def test_local_path_accepts_paths_and_file_uris_only(tmp_path: Path) -> None:
     assert local_path((tmp_path / "a b").as_uri()) == tmp_path / "a b"
     with pytest.raises(ArtifactError, match="s3"):
         local_path("s3://bucket/adapter")
+
+
+def test_newest_artifact_version_counts_only_complete_version_folders(tmp_path: Path) -> None:
+    cfg = Config(data_dir=tmp_path, run="r")
+    assert newest_artifact_version(cfg) == 0
+    for version in (1, 3):
+        with atomic_dir(adapter_dir(cfg, version)) as tmp:
+            (tmp / "adapter.bin").write_bytes(b"w")
+    (artifacts_dir(cfg) / ".v000007.abc.tmp").mkdir()  # a write killed mid-way
+    (artifacts_dir(cfg) / "v9").mkdir()  # not the store's naming
+    assert adapter_dir(cfg, 3) == tmp_path / "runs" / "r" / "artifacts" / cfg.model.policy_id / "v000003"
+    assert newest_artifact_version(cfg) == 3

@@ -10,7 +10,7 @@ import pytest
 
 from distrl_stream.errors import TrajectoryError
 from distrl_stream.events import Tensor, Termination, TrajectoryEvent
-from distrl_stream.learner.ingest import episode_from_event
+from distrl_stream.learner.records import episode_from_event
 from distrl_stream.testing.samples import sample_trajectory
 
 

@@ -1,5 +1,6 @@
-"""Policy artifacts on disk: the one definition of an adapter folder's sha256, of an atomic folder write, and of the
-weight-version event that announces a finished adapter folder.
+"""The artifact store on disk: where a policy's adapter versions live (``{run_dir}/artifacts/<policy_id>/v<NNNNNN>``),
+and the one definition of an adapter folder's sha256, of an atomic folder write, and of the weight-version event
+that announces a finished adapter folder.
 
 The learner hashes an adapter with :func:`sha256_dir` when it publishes a weight version and the inference
 service hashes it again before loading it; both must agree byte for byte, so this is the only implementation.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -16,11 +18,31 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from distrl_stream.config import ModelConfig
+from distrl_stream.config import Config, ModelConfig
 from distrl_stream.errors import ArtifactError
 from distrl_stream.events import WeightVersionEvent, utc_now
 
 _CHUNK = 1 << 20
+_VERSION_DIR = re.compile(r"^v(\d{6,})$")
+
+
+def artifacts_dir(cfg: Config) -> Path:
+    """Where the policy's adapter versions live: ``{run_dir}/artifacts/<policy_id>``."""
+    return cfg.run_dir / "artifacts" / cfg.model.policy_id
+
+
+def adapter_dir(cfg: Config, version: int) -> Path:
+    """The artifact folder of one version: ``{run_dir}/artifacts/<policy_id>/v<NNNNNN>``."""
+    return artifacts_dir(cfg) / f"v{version:06d}"
+
+
+def newest_artifact_version(cfg: Config) -> int:
+    """The highest version with a complete adapter folder in the artifact store (0 when none)."""
+    root = artifacts_dir(cfg)
+    if not root.is_dir():
+        return 0
+    found = [int(m.group(1)) for p in root.iterdir() if p.is_dir() and (m := _VERSION_DIR.match(p.name))]
+    return max(found, default=0)
 
 
 def sha256_dir(path: Path) -> str:

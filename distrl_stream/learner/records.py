@@ -1,0 +1,244 @@
+"""The learner's data model: an episode as the learner stores it, and the padded batch its updates compute on.
+
+- :class:`EpisodeRecord` / :class:`StepRecord` are plain dataclasses holding what the learner needs per episode and
+  step, decoupled from Avro: :func:`episode_from_event` fills them from a TrajectoryEvent (the ingest reader and
+  offline replay both use it), and the replay buffer stores them whole.
+- :func:`collate` lays episodes out as the ``[B, T]`` tensors of :mod:`distrl_stream.learner.aride`
+  (:class:`EpisodeBatch`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from distrl_stream.errors import TrajectoryError
+from distrl_stream.events import Termination, TrajectoryEvent
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step as the learner needs it (the fields of the event's Step it uses).
+
+    Attributes:
+        observation: the screen text the policy saw (the prompt is rebuilt from it).
+        candidates: the candidate action strings offered in choice mode (empty in free mode).
+        action_text: exactly what the policy produced.
+        action: canonical JSON of the parsed action, or "" when invalid.
+        valid: whether the env/validator accepted the action.
+        reward: r_t.
+        done: True on the terminal step (success or a ``status`` action); False on a truncated episode's last step.
+        behaviour_logprob: log μ(a_t|s_t), the sum over the action's tokens as served.
+        token_ids: the action's token ids.
+        token_logprobs: per-token behaviour log-probs.
+        policy_version: the version that produced the action (0 = base model).
+    """
+
+    observation: str
+    candidates: tuple[str, ...]
+    action_text: str
+    action: str
+    valid: bool
+    reward: float
+    done: bool
+    behaviour_logprob: float
+    token_ids: tuple[int, ...]
+    token_logprobs: tuple[float, ...]
+    policy_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeRecord:
+    """One finished episode as the learner stores it.
+
+    Attributes:
+        episode_id: unique id (the Kafka key of its TrajectoryEvent).
+        task_id: the task it attempted.
+        instruction: the task's instruction text.
+        success: whether the task was solved.
+        termination: why it ended (success, failure, truncated, env_error, ...).
+        steps: the steps, in order.
+        mode: "choice" or "free" (how π(a|s) must be recomputed).
+        collector_id: the collector that produced it.
+        env_kind: sim, miniwob or android.
+        task_template: the task's template name.
+        split: train or test.
+        final_observation: the screen after the last step, when the producer recorded it; a truncated episode's
+            Retrace bootstrap V(s_L) needs it (without it the learner bootstraps with 0).
+    """
+
+    episode_id: str
+    task_id: str
+    instruction: str
+    success: bool
+    termination: str
+    steps: tuple[StepRecord, ...]
+    mode: str = "choice"
+    collector_id: str = ""
+    env_kind: str = ""
+    task_template: str = ""
+    split: str = "train"
+    final_observation: str | None = None
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def terminal(self) -> bool:
+        """True when the last step is terminal (done); False when the episode was truncated."""
+        return bool(self.steps) and self.steps[-1].done
+
+    def previous_actions(self, t: int) -> list[str]:
+        """The action texts of the steps before step ``t`` (what the prompt of step t shows as history)."""
+        return [step.action_text for step in self.steps[:t]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain, JSON-serialisable form."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EpisodeRecord:
+        """Inverse of :meth:`to_dict`."""
+        steps = tuple(
+            StepRecord(
+                **{
+                    **s,
+                    "candidates": tuple(s["candidates"]),
+                    "token_ids": tuple(s["token_ids"]),
+                    "token_logprobs": tuple(s["token_logprobs"]),
+                }
+            )
+            for s in data["steps"]
+        )
+        return cls(**{**data, "steps": steps})
+
+
+@dataclass(frozen=True)
+class EpisodeBatch:
+    """Episodes in the padded ``[B, T]`` layout of :mod:`distrl_stream.learner.aride`.
+
+    Flat per-step tensors the trainer computes (log-probs, entropies, values) are in episode-major order, the order
+    of ``[step for episode in episodes for step in episode.steps]``, and enter this layout with ``aride.pad_steps``.
+
+    Attributes:
+        mask: ``[B, T]`` bool, True on real steps.
+        rewards: ``[B, T]`` float32.
+        done: ``[B, T]`` bool.
+        invalid: ``[B, T]`` bool, True where the action was invalid.
+        behaviour_logp: ``[B, T]`` float32 log μ(a_t|s_t).
+        policy_version: ``[B, T]`` int64 behaviour policy version.
+        success: ``[B]`` bool.
+        truncated: ``[B]`` bool, True when the last step is not terminal (needs a bootstrap value).
+    """
+
+    mask: Tensor
+    rewards: Tensor
+    done: Tensor
+    invalid: Tensor
+    behaviour_logp: Tensor
+    policy_version: Tensor
+    success: Tensor
+    truncated: Tensor
+
+    @property
+    def lengths(self) -> Tensor:
+        """``[B]`` number of steps per episode."""
+        return self.mask.sum(dim=1)
+
+
+def collate(episodes: Sequence[EpisodeRecord]) -> EpisodeBatch:
+    """Build the padded batch tensors of ``episodes`` (left-aligned, padded to the longest)."""
+    lengths = [len(e) for e in episodes]
+    b, t = len(episodes), max(lengths, default=0)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    rewards = torch.zeros(b, t)
+    done = torch.zeros(b, t, dtype=torch.bool)
+    invalid = torch.zeros(b, t, dtype=torch.bool)
+    behaviour_logp = torch.zeros(b, t)
+    version = torch.zeros(b, t, dtype=torch.long)
+    for i, episode in enumerate(episodes):
+        n = lengths[i]
+        mask[i, :n] = True
+        rewards[i, :n] = torch.tensor([s.reward for s in episode.steps])
+        done[i, :n] = torch.tensor([s.done for s in episode.steps])
+        invalid[i, :n] = torch.tensor([not s.valid for s in episode.steps])
+        behaviour_logp[i, :n] = torch.tensor([s.behaviour_logprob for s in episode.steps])
+        version[i, :n] = torch.tensor([s.policy_version for s in episode.steps])
+    return EpisodeBatch(
+        mask=mask,
+        rewards=rewards,
+        done=done,
+        invalid=invalid,
+        behaviour_logp=behaviour_logp,
+        policy_version=version,
+        success=torch.tensor([e.success for e in episodes], dtype=torch.bool),
+        truncated=torch.tensor([not e.terminal for e in episodes], dtype=torch.bool),
+    )
+
+
+def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
+    """Convert a trajectory event into the learner's episode record.
+
+    ``done`` as in docs/design.md §5.1: True only on a terminal last step (success, failure, or a ``status`` action);
+    a truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates
+    are kept only in choice mode (free-mode log-probs use the whole vocabulary).
+
+    Raises:
+        TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
+            before the last, token ids that are not a 1-D integer array, or a non-finite reward or log-prob.
+    """
+    if not event.steps:
+        raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
+    if event.mode not in ("choice", "free"):
+        raise TrajectoryError(f"episode {event.episode_id!r} has unknown mode {event.mode!r}")
+    last = len(event.steps) - 1
+    steps = []
+    for t, step in enumerate(event.steps):
+        where = f"episode {event.episode_id!r} step {t}"
+        if step.done and t != last:
+            raise TrajectoryError(f"{where} is marked done before the last step")
+        ids = step.token_ids.to_numpy()
+        if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
+            raise TrajectoryError(f"{where}: token_ids must be a non-empty 1-D integer array ({ids.dtype}{ids.shape})")
+        if ids.min() < 0:
+            raise TrajectoryError(f"{where}: negative token id")
+        token_logprobs = step.token_logprobs.to_numpy().astype(float)
+        if not (math.isfinite(step.reward) and math.isfinite(step.behaviour_logprob)):
+            raise TrajectoryError(f"{where}: non-finite reward or behaviour log-prob")
+        if step.policy_version < 0:
+            raise TrajectoryError(f"{where}: negative policy version {step.policy_version}")
+        if event.mode == "choice" and not step.candidates:
+            raise TrajectoryError(f"{where}: choice mode without candidates")
+        steps.append(
+            StepRecord(
+                observation=step.observation,
+                candidates=tuple(step.candidates) if event.mode == "choice" else (),
+                action_text=step.action_text,
+                action=step.action,
+                valid=step.valid,
+                reward=float(step.reward),
+                done=bool(step.done) and t == last and event.termination != Termination.TRUNCATED,
+                behaviour_logprob=float(step.behaviour_logprob),
+                token_ids=tuple(int(i) for i in ids),
+                token_logprobs=tuple(float(x) for x in token_logprobs),
+                policy_version=int(step.policy_version),
+            )
+        )
+    return EpisodeRecord(
+        episode_id=event.episode_id,
+        task_id=event.task_id,
+        instruction=event.instruction,
+        success=bool(event.success),
+        termination=str(event.termination),
+        steps=tuple(steps),
+        mode=event.mode,
+        collector_id=event.collector_id,
+        env_kind=event.env_kind,
+        task_template=event.task_template,
+        split=event.split,
+    )
