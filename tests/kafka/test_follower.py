@@ -96,6 +96,6 @@ def test_undecodable_records_are_counted_and_dead_lettered_only_when_a_queue_is_
 def test_following_a_missing_topic_is_a_typed_error_naming_it(run_config: Config) -> None:
     with (
         TopicFollower(run_config.kafka, f"{run_config.run}.missing", MetricEvent, client_id="x") as follower,
-        pytest.raises(KafkaClientError, match=rf"{run_config.run}\.missing: no such topic"),
+        pytest.raises(KafkaClientError, match=rf"cannot read {run_config.run}\.missing: "),
     ):
         follower.start(timeout_s=10)

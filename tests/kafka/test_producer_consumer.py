@@ -115,7 +115,7 @@ def test_partitions_and_watermarks_describe_a_topic_and_a_missing_topic_is_a_typ
         assert consumer.watermarks(topic) == {0: (0, 0), 1: (0, 5), 2: (0, 0)}
         assert consumer.watermarks(topic, [1]) == {1: (0, 5)}
         missing = unique_name("missing")
-        with pytest.raises(KafkaClientError, match=f"cannot read {missing}: no such topic"):
+        with pytest.raises(KafkaClientError, match=f"cannot read {missing}: "):
             consumer.partitions(missing, timeout_s=10)
 
 
