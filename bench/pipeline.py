@@ -63,10 +63,8 @@ def cpu_timed(fn: Callable[[], tuple[float, float]]) -> tuple[float, float, floa
 
 def consume_all(kafka: KafkaConfig, topic: str, count: int, handle: Callable[[bytes], object]) -> None:
     """Read ``count`` records of ``topic`` from the start (no group), passing each value to ``handle``."""
-    from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
     with Consumer(kafka) as consumer:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        consumer.assign_from_start(topic, range(PARTITIONS))
         got = 0
         deadline = time.monotonic() + 300
         while got < count:

@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,6 +30,18 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+def is_secret_property(name: str) -> bool:
+    """Whether a librdkafka property holds a password or key (``sasl.password``, ``ssl.key.password``,
+    ``ssl.keystore.password``, ``ssl.key.pem``, ``sasl.oauthbearer.client.secret``, ...)."""
+    name = name.lower()
+    return (
+        any(word in name for word in ("password", "secret", "passphrase"))
+        or name.endswith("key.pem")
+        # Its unsecured-JWT settings can carry credentials; librdkafka itself treats it as sensitive.
+        or name == "sasl.oauthbearer.config"
+    )
+
+
 class KafkaConfig(Section):
     """Where the Kafka cluster is and how every client talks to it."""
 
@@ -37,10 +49,12 @@ class KafkaConfig(Section):
         "127.0.0.1:9092",
         description="Kafka bootstrap servers (host:port,...). `up` replaces it with the embedded broker's address.",
     )
-    client: dict[str, str] = Field(
+    client: dict[str, str | SecretStr] = Field(
         default_factory=dict,
         description="Extra librdkafka properties passed to every client (producer, consumer, admin), e.g. "
-        'security.protocol, sasl.mechanism, sasl.username, ssl.ca.location. Env: DISTRL_KAFKA__CLIENT=\'{"k":"v"}\'.',
+        'security.protocol, sasl.mechanism, sasl.username, ssl.ca.location. Env: DISTRL_KAFKA__CLIENT=\'{"k":"v"}\'. '
+        "Passwords and keys (sasl.password, ssl.key.password, ssl.key.pem, ...) are kept masked: `config show` and "
+        "logs print ********** for them.",
     )
     trajectory_partitions: int = Field(
         4, ge=1, description="Partitions of {run}.trajectories: the most learner-group members that can share it."
@@ -60,6 +74,15 @@ class KafkaConfig(Section):
     metrics_retention_ms: int = Field(
         7 * 24 * 3600 * 1000, ge=-1, description="Retention of {run}.metrics (default 7 days; -1 keeps them)."
     )
+
+    @field_validator("client", mode="after")
+    @classmethod
+    def _mask_secrets(cls, client: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        return {k: SecretStr(v) if isinstance(v, str) and is_secret_property(k) else v for k, v in client.items()}
+
+    def client_properties(self) -> dict[str, str]:
+        """``client`` with the secrets revealed: only for handing to librdkafka, never for printing."""
+        return {k: v.get_secret_value() if isinstance(v, SecretStr) else v for k, v in self.client.items()}
 
 
 class BrokerConfig(Section):
@@ -569,6 +592,10 @@ def _first_error(exc: ValidationError) -> ConfigError:
     message = err["msg"]
     if err.get("type") == "extra_forbidden":
         message = "unknown field"
-    elif "input" in err and not isinstance(err["input"], dict):
+    elif (
+        "input" in err
+        and not isinstance(err["input"], dict)
+        and not any(is_secret_property(str(p)) for p in err["loc"])
+    ):
         message = f"{message} (got {err['input']!r})"
     return ConfigError(field, message)

@@ -45,6 +45,11 @@ class KafkaClientError(DistrlError):
     """A Kafka client failed: invalid client configuration, undeliverable messages, a failed admin operation."""
 
 
+class RecordRejectedError(KafkaClientError):
+    """The producer refused to queue one record (too large, unknown topic or partition); the producer itself is
+    fine, so the caller may go on with the next record."""
+
+
 class BrokerError(DistrlError):
     """The embedded broker could not be found, started or stopped. Start failures end with the broker's log tail."""
 

@@ -29,8 +29,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from confluent_kafka import KafkaError, KafkaException, Message
-
 from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
 from distrl_stream.collector.published import PublishedVersions
 from distrl_stream.collector.stats import CollectorStats
@@ -39,9 +37,10 @@ from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
-from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError
+from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import InferenceClient
+from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 
@@ -519,10 +518,11 @@ class Collector:
             self._producer.produce_event(
                 self.topics.trajectories, self._trajectory(outcome), on_delivery=self._delivered
             )
-        except (DistrlError, KafkaException, BufferError) as exc:
+        except (DistrlError, BufferError) as exc:
             self.stats.produce_failures += 1
             log.error("could not publish episode %s: %s: %s", outcome.episode_id, type(exc).__name__, exc)
-            if isinstance(exc, KafkaClientError):
+            # A rejected record leaves the producer usable; any other client error means a broken producer.
+            if isinstance(exc, KafkaClientError) and not isinstance(exc, RecordRejectedError):
                 self._renew_producer()
             return
         self.stats.published += 1
@@ -576,7 +576,7 @@ class Collector:
         )
         try:
             self._producer.produce_event(self.topics.metrics, event)
-        except (DistrlError, KafkaException, BufferError) as exc:
+        except (DistrlError, BufferError) as exc:
             log.warning("could not publish metrics: %s", exc)
 
     async def _flush(self) -> int:

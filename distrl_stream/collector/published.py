@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
 from distrl_stream.config import Config
-from distrl_stream.errors import KafkaClientError
 from distrl_stream.events import WeightVersionEvent
-from distrl_stream.kafka.consumer import Consumer, EventConsumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 
@@ -31,11 +28,12 @@ class PublishedVersions:
         self.topic = TopicNames(cfg.run).weights
         self.policy_id = cfg.model.policy_id
         self.latest = 0
-        self._consumer = Consumer(cfg.kafka, client_id=client_id)
-        self._events: EventConsumer[WeightVersionEvent] = EventConsumer(
-            self._consumer,
-            DeadLetterQueue(dead_letters, TopicNames(cfg.run).dlq, client_id),
-            expect=WeightVersionEvent,
+        self._follower = TopicFollower(
+            cfg.kafka,
+            self.topic,
+            WeightVersionEvent,
+            client_id=client_id,
+            dead_letters=DeadLetterQueue(dead_letters, TopicNames(cfg.run).dlq, client_id),
         )
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -44,17 +42,11 @@ class PublishedVersions:
         Raises:
             KafkaClientError: the topic cannot be read.
         """
-        metadata = self._consumer.client.list_topics(self.topic, timeout=timeout_s)
-        info = metadata.topics.get(self.topic)
-        if info is None or info.error is not None or not info.partitions:
-            reason = info.error.str() if info is not None and info.error is not None else "no such topic"
-            raise KafkaClientError(f"cannot read {self.topic}: {reason}")
-        self._consumer.assign([TopicPartition(self.topic, p, OFFSET_BEGINNING) for p in sorted(info.partitions)])
+        self._follower.start(timeout_s=timeout_s)
 
     def poll(self) -> int:
         """Take in every version event already fetched (no waiting) and return the newest version seen."""
-        while (received := self._events.poll(0.0)) is not None:
-            event = received.event
+        for event in self._follower.take():
             if event.policy_id == self.policy_id and event.version > self.latest:
                 log.info("learner published %s version %d", self.policy_id, event.version)
                 self.latest = event.version
@@ -62,4 +54,4 @@ class PublishedVersions:
 
     def close(self) -> None:
         """Release the consumer."""
-        self._consumer.close()
+        self._follower.close()

@@ -25,16 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from distrl_stream.artifacts import dir_size, local_path, sha256_dir
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
-from distrl_stream.errors import AdapterVerificationError, ArtifactError, DistrlError, InferenceError
+from distrl_stream.errors import AdapterVerificationError, ArtifactError, InferenceError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.inference.client import served_name
-from distrl_stream.kafka.consumer import Consumer, EventConsumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 
@@ -192,55 +191,35 @@ class WeightWatcher(BackgroundFollower):
     def _follow(self) -> None:
         ensure_run_topics(self.cfg)
         producer = Producer(self.cfg.kafka, client_id=f"inference-{self.source_id}")
-        consumer = Consumer(self.cfg.kafka, client_id=f"inference-watcher-{self.source_id}")
+        # No group: every server must see every version, so each one reads all partitions itself.
+        follower = TopicFollower(
+            self.cfg.kafka,
+            self.topics.weights,
+            WeightVersionEvent,
+            client_id=f"inference-watcher-{self.source_id}",
+            dead_letters=DeadLetterQueue(producer, self.topics.dlq, f"inference-watcher-{self.source_id}"),
+        )
         try:
-            # No group: every server must see every version, so each one reads all partitions itself.
-            partitions = self._partitions(consumer)
-            consumer.assign([TopicPartition(self.topics.weights, p, OFFSET_BEGINNING) for p in partitions])
-            events: EventConsumer[WeightVersionEvent] = EventConsumer(
-                consumer,
-                DeadLetterQueue(producer, self.topics.dlq, f"inference-watcher-{self.source_id}"),
-                expect=WeightVersionEvent,
-            )
-            self._catch_up(consumer, events, producer, partitions)
+            follower.start()
+            self._catch_up(follower, producer)
             self.caught_up.set()
             while not self._stop.is_set():
-                received = events.poll(0.5)
-                if received is not None:
-                    self._handle(received.event, producer)
+                event = follower.poll(0.5)
+                if event is not None:
+                    self._handle(event, producer)
                 producer.poll(0)
         finally:
-            consumer.close()
+            follower.close()
             producer.close()
 
-    def _partitions(self, consumer: Consumer) -> list[int]:
-        metadata = consumer.client.list_topics(self.topics.weights, timeout=30)
-        info = metadata.topics.get(self.topics.weights)
-        if info is None or info.error is not None or not info.partitions:
-            raise DistrlError(f"cannot read {self.topics.weights}: {info.error.str() if info and info.error else ''}")
-        return sorted(info.partitions)
-
-    def _catch_up(
-        self,
-        consumer: Consumer,
-        events: EventConsumer[WeightVersionEvent],
-        producer: Producer,
-        partitions: list[int],
-    ) -> None:
+    def _catch_up(self, follower: TopicFollower[WeightVersionEvent], producer: Producer) -> None:
         """Read the backlog, then load only the newest ``keep_versions`` of it (not every version ever published)."""
-        high = {
-            p: consumer.client.get_watermark_offsets(TopicPartition(self.topics.weights, p), timeout=30)[1]
-            for p in partitions
-        }
         backlog: dict[int, WeightVersionEvent] = {}
         deadline = time.monotonic() + self.catch_up_timeout_s
-        while not self._stop.is_set() and time.monotonic() < deadline:
-            positions = consumer.client.position([TopicPartition(self.topics.weights, p) for p in partitions])
-            if all(tp.offset >= high[tp.partition] or high[tp.partition] == 0 for tp in positions):
-                break
-            received = events.poll(0.5)
-            if received is not None and received.event.policy_id == self.loader.policy_id:
-                backlog[received.event.version] = received.event
+        while not self._stop.is_set() and time.monotonic() < deadline and not follower.caught_up():
+            event = follower.poll(0.5)
+            if event is not None and event.policy_id == self.loader.policy_id:
+                backlog[event.version] = event
         newest = sorted(backlog)[-self.loader.keep_versions :]
         log.info("weights backlog: %d versions of %s; loading %s", len(backlog), self.loader.policy_id, newest)
         for version in newest:

@@ -2,13 +2,19 @@
 
 - :mod:`.broker` / :mod:`.install`: run a single-node KRaft broker from an Apache Kafka installation.
 - :mod:`.producer`, :mod:`.consumer`, :mod:`.admin`: wrappers over confluent-kafka; every property of
-  ``Config.kafka.client`` reaches every client.
+  ``Config.kafka.client`` reaches every client. :mod:`.follower`: ``TopicFollower`` reads a whole topic outside any
+  group.
+- Only this package imports confluent-kafka: the record and error types callbacks receive (``Message``,
+  ``KafkaError``, ``TopicPartition``) are re-exported here for type hints.
 - :mod:`.topics`: ``TopicNames(run)`` and the topic configs; :mod:`.dlq`: the dead-letter queue.
 """
+
+from confluent_kafka import KafkaError, Message, TopicPartition
 
 from distrl_stream.kafka.admin import Admin, TopicInfo, TopicSpec
 from distrl_stream.kafka.consumer import Consumer, EventConsumer, Received, read_topic
 from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import DeliveryStats, Producer
 from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
 
@@ -18,10 +24,14 @@ __all__ = [
     "DeadLetterQueue",
     "DeliveryStats",
     "EventConsumer",
+    "KafkaError",
+    "Message",
     "Producer",
     "Received",
+    "TopicFollower",
     "TopicInfo",
     "TopicNames",
+    "TopicPartition",
     "TopicSpec",
     "delete_run_topics",
     "ensure_run_topics",

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
 from distrl_stream.config import KafkaConfig
@@ -160,6 +160,21 @@ class Admin:
             for pid in ids
         ]
         return TopicInfo(name, partitions, config)
+
+    def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Partition -> the offset ``group`` committed on ``topic`` (negative where it committed none), read
+        without joining the group.
+
+        Raises:
+            KafkaClientError: the cluster did not answer or refused the request.
+        """
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
+        try:
+            future = self.client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group]
+            answer = future.result(timeout=self.timeout_s)
+        except KafkaException as exc:
+            raise KafkaClientError(f"cannot read the offsets of group {group}: {exc.args[0].str()}") from None
+        return {tp.partition: tp.offset for tp in answer.topic_partitions}
 
     def wait_until_ready(self, timeout_s: float | None = None) -> int:
         """Poll until the cluster answers with at least one broker; returns the broker count.

@@ -29,7 +29,7 @@ def client_config(
     """
     conf: dict[str, Any] = {"bootstrap.servers": kafka.bootstrap_servers, "logger": LIBRDKAFKA_LOGGER}
     conf.update(defaults)
-    conf.update(kafka.client)
+    conf.update(kafka.client_properties())
     if overrides:
         conf.update(overrides)
     return conf

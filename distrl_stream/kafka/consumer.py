@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -24,7 +24,8 @@ from distrl_stream.kafka.dlq import DeadLetterQueue
 log = logging.getLogger(__name__)
 
 E = TypeVar("E", bound=Event)
-RebalanceCallback = Callable[[confluent_kafka.Consumer, list[TopicPartition]], None]
+# Called with this wrapper (not the raw client) and the partitions that moved.
+RebalanceCallback = Callable[["Consumer", list[TopicPartition]], None]
 
 
 def consumer_defaults(group_id: str, auto_offset_reset: str) -> dict[str, Any]:
@@ -101,21 +102,97 @@ class Consumer:
             raise KafkaClientError("subscribe() needs a group_id; use assign() for a consumer without a group")
         kwargs: dict[str, Any] = {}
         if on_assign is not None:
-            kwargs["on_assign"] = on_assign
-        if on_revoke is not None:
-            # Commit what was processed before the partitions move, so the next owner does not redo it.
-            def revoke(consumer: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
-                self.commit()
-                on_revoke(consumer, partitions)
+            kwargs["on_assign"] = lambda _client, partitions: on_assign(self, partitions)
 
-            kwargs["on_revoke"] = revoke
-        else:
-            kwargs["on_revoke"] = lambda _c, _p: self.commit()
+        # Commit what was processed before the partitions move, so the next owner does not redo it.
+        def revoke(_client: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+            self.commit()
+            if on_revoke is not None:
+                on_revoke(self, partitions)
+
+        kwargs["on_revoke"] = revoke
         self.client.subscribe(list(topics), **kwargs)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:
         """Read exactly these partitions (from their offsets, if set), outside any group rebalancing."""
         self.client.assign(list(partitions))
+
+    def partitions(self, topic: str, timeout_s: float = 30.0) -> list[int]:
+        """The partition ids of ``topic``, sorted.
+
+        Raises:
+            KafkaClientError: the topic does not exist, or the cluster did not answer within ``timeout_s``.
+        """
+        try:
+            info = self.client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        except KafkaException as exc:
+            raise KafkaClientError(f"cannot read {topic}: {exc.args[0].str()}") from None
+        if info is None or info.error is not None or not info.partitions:
+            reason = info.error.str() if info is not None and info.error is not None else "no such topic"
+            raise KafkaClientError(f"cannot read {topic}: {reason}")
+        return sorted(info.partitions)
+
+    def watermarks(
+        self, topic: str, partitions: Iterable[int] | None = None, timeout_s: float = 30.0
+    ) -> dict[int, tuple[int, int]]:
+        """Partition -> (low, high): the first offset still kept and the offset the next record will get.
+
+        Args:
+            topic: the topic.
+            partitions: which partitions; every partition of the topic when None.
+            timeout_s: bound on each request.
+
+        Raises:
+            KafkaClientError: the topic does not exist, or the cluster did not answer.
+        """
+        ids = self.partitions(topic, timeout_s) if partitions is None else list(partitions)
+        try:
+            return {p: self.client.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s) for p in ids}
+        except KafkaException as exc:
+            raise KafkaClientError(f"cannot read the watermarks of {topic}: {exc.args[0].str()}") from None
+
+    def assign_from_start(
+        self, topic: str, partitions: Iterable[int] | None = None, timeout_s: float = 30.0
+    ) -> list[int]:
+        """Read every partition of ``topic`` (or only ``partitions``) from its beginning, outside any group.
+
+        Returns:
+            The partitions assigned.
+
+        Raises:
+            KafkaClientError: ``partitions`` is None and the topic does not exist (or the cluster did not answer).
+        """
+        ids = self.partitions(topic, timeout_s) if partitions is None else sorted(partitions)
+        self.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in ids])
+        return ids
+
+    def assign_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
+        """Read each partition of ``topic`` in ``offsets`` from the offset given for it, outside any group."""
+        self.assign([TopicPartition(topic, p, o) for p, o in sorted(offsets.items())])
+
+    def positions(self, topic: str, partitions: Iterable[int]) -> dict[int, int]:
+        """Partition -> offset of the next record :meth:`poll` returns (negative before the first one is read)."""
+        return {tp.partition: tp.offset for tp in self.client.position([TopicPartition(topic, p) for p in partitions])}
+
+    def pause(self) -> None:
+        """Stop fetching every assigned partition (the group membership stays; :meth:`resume` undoes it)."""
+        self.client.pause(self.client.assignment())
+
+    def resume(self) -> None:
+        """Fetch every assigned partition again after :meth:`pause`."""
+        self.client.resume(self.client.assignment())
+
+    def commit_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
+        """Synchronously commit partition -> next offset to read for ``topic``, whatever :meth:`processed` marked.
+
+        Raises:
+            KafkaClientError: the group coordinator rejected the commit.
+        """
+        tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+        try:
+            self.client.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise KafkaClientError(f"commit of {topic} {dict(offsets)} failed: {exc.args[0].str()}") from None
 
     def poll(self, timeout_s: float = 1.0) -> Message | None:
         """The next record, or None on timeout. Transient errors are logged and give None.
@@ -208,7 +285,8 @@ class EventConsumer(Generic[E]):
 
     Args:
         consumer: the consumer to read (subscribed or assigned by the caller).
-        dead_letters: where undecodable records go.
+        dead_letters: where undecodable records go; None for a read-only observer, which only counts them
+            (:attr:`undecodable`) and leaves dead-lettering to the role that owns the topic.
         expect: the event type this reader handles; other event types are dead-lettered as ``unexpected type``.
         serde: event serde (default: the process-wide one).
     """
@@ -216,13 +294,14 @@ class EventConsumer(Generic[E]):
     def __init__(
         self,
         consumer: Consumer,
-        dead_letters: DeadLetterQueue,
+        dead_letters: DeadLetterQueue | None,
         *,
         expect: type[E] | None = None,
         serde: Serde | None = None,
     ) -> None:
         self.consumer = consumer
         self.dead_letters = dead_letters
+        self.undecodable = 0
         self._expect = expect
         self._serde = serde or default_serde()
 
@@ -237,8 +316,10 @@ class EventConsumer(Generic[E]):
                 return Received(self._serde.decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
             except EventDecodeError as exc:
                 # Then go on: past the deadline the next poll waits no more, but still returns a buffered record.
-                self.dead_letters.send(msg, exc)
-                self.consumer.processed(msg)
+                self.undecodable += 1
+                if self.dead_letters is not None:
+                    self.dead_letters.send(msg, exc)
+                    self.consumer.processed(msg)
 
     def processed(self, received: Received[E]) -> None:
         """Mark an event handled (see :meth:`Consumer.processed`)."""
@@ -246,7 +327,8 @@ class EventConsumer(Generic[E]):
 
     def commit(self) -> None:
         """Make dead letters durable, then commit processed offsets."""
-        self.dead_letters.flush()
+        if self.dead_letters is not None:
+            self.dead_letters.flush()
         self.consumer.commit()
 
 

@@ -11,10 +11,10 @@ from types import TracebackType
 from typing import Any
 
 import confluent_kafka
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import KafkaClientError
+from distrl_stream.errors import KafkaClientError, RecordRejectedError
 from distrl_stream.events import Event, Serde, default_serde, event_key
 from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES, build_client, client_config
 
@@ -114,6 +114,7 @@ class Producer:
         ``buffer_timeout_s`` instead of failing at once.
 
         Raises:
+            RecordRejectedError: librdkafka refused this record (e.g. larger than ``message.max.bytes``).
             KafkaClientError: the producer hit a fatal error, or the queue stayed full.
         """
         if self._fatal is not None:
@@ -132,6 +133,8 @@ class Producer:
             try:
                 client.produce(topic, **kwargs)
                 break
+            except KafkaException as exc:
+                raise RecordRejectedError(f"cannot produce to {topic}: {exc.args[0].str()}") from None
             except BufferError:
                 # The local queue is full: serve delivery reports to make room, then retry.
                 if time.monotonic() > deadline:

@@ -27,13 +27,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-import confluent_kafka
-from confluent_kafka import Message, TopicPartition
-
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
-from distrl_stream.errors import EventDecodeError, TrajectoryError
+from distrl_stream.errors import EventDecodeError, KafkaClientError, TrajectoryError
 from distrl_stream.events import Termination, TrajectoryEvent, default_serde
+from distrl_stream.kafka import Message, TopicPartition
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.producer import Producer
@@ -194,8 +192,8 @@ class TrajectoryReader(BackgroundFollower):
         try:
             consumer.subscribe([self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke)
             while not self._stop.is_set():
-                self._commit_pending(consumer.client)
-                self._flow_control(consumer.client, limit)
+                self._commit_pending(consumer)
+                self._flow_control(consumer, limit)
                 batch = consumer.consume(256, 0.2)
                 entries = [entry_from_message(msg, dead_letters) for msg in batch]
                 self.dead_lettered = dead_letters.count
@@ -205,49 +203,48 @@ class TrajectoryReader(BackgroundFollower):
                         self._queue.extend(owned)
                         self._cond.notify_all()
                 producer.poll(0)
-            self._commit_pending(consumer.client)
+            self._commit_pending(consumer)
         finally:
             consumer.close()
             producer.close()
             self._producer = None
 
-    def _flow_control(self, client: confluent_kafka.Consumer, limit: int) -> None:
+    def _flow_control(self, consumer: Consumer, limit: int) -> None:
         queued = self.queued
         if not self._paused and queued >= limit:
-            client.pause(client.assignment())
+            consumer.pause()
             self._paused = True
         elif self._paused and queued < max(limit // 2, 1):
-            client.resume(client.assignment())
+            consumer.resume()
             self._paused = False
 
-    def _commit_pending(self, client: confluent_kafka.Consumer) -> None:
+    def _commit_pending(self, consumer: Consumer) -> None:
         with self._cond:
             offsets, self._pending_commit = self._pending_commit, None
             owned = {p: o for p, o in (offsets or {}).items() if p in self._assigned}
         if owned:
-            self._commit(client, owned)
+            self._commit(consumer, owned)
 
-    def _commit(self, client: confluent_kafka.Consumer, offsets: Mapping[int, int]) -> None:
-        tps = [TopicPartition(self.topics.trajectories, p, o) for p, o in sorted(offsets.items())]
+    def _commit(self, consumer: Consumer, offsets: Mapping[int, int]) -> None:
         try:
-            client.commit(offsets=tps, asynchronous=False)
-        except confluent_kafka.KafkaException as exc:
+            consumer.commit_offsets(self.topics.trajectories, offsets)
+        except KafkaClientError as exc:
             # Committed offsets only guide other members; the checkpoint stays the source of truth.
-            log.warning("learner %s: commit of %s failed: %s", self.member_id, dict(offsets), exc)
+            log.warning("learner %s: %s", self.member_id, exc)
 
-    def _on_assign(self, client: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         with self._cond:
             for tp in partitions:
                 if tp.partition in self._positions:
                     tp.offset = self._positions[tp.partition]
                 self._assigned.add(tp.partition)
         # Assigning here with offsets set is how a rebalance callback chooses where reading starts.
-        client.assign(partitions)
+        consumer.assign(partitions)
         self._paused = False
         log.info("learner %s assigned %s", self.member_id, [(tp.partition, tp.offset) for tp in partitions])
         self.ready.set()
 
-    def _on_revoke(self, client: confluent_kafka.Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         with self._cond:
             self._assigned -= revoked
@@ -259,5 +256,5 @@ class TrajectoryReader(BackgroundFollower):
                 self._positions.pop(p, None)
         if handover:
             # The next owner continues exactly after what this member used.
-            self._commit(client, handover)
+            self._commit(consumer, handover)
         log.info("learner %s revoked %s", self.member_id, sorted(revoked))

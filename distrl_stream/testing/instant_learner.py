@@ -13,8 +13,6 @@ import logging
 import time
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-
 from distrl_stream.artifacts import atomic_dir, version_event
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config, ModelConfig
@@ -81,8 +79,7 @@ class InstantLearner(BackgroundFollower):
         consumer = Consumer(self.cfg.kafka, client_id="instant-learner")
         producer = Producer(self.cfg.kafka, client_id="instant-learner")
         try:
-            partitions = range(self.cfg.kafka.trajectory_partitions)
-            consumer.assign([TopicPartition(topics.trajectories, p, OFFSET_BEGINNING) for p in partitions])
+            consumer.assign_from_start(topics.trajectories, range(self.cfg.kafka.trajectory_partitions))
             in_round = 0
             while not self._stop.is_set():
                 msg = consumer.poll(0.2)

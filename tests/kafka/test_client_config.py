@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import re
 import time
 from collections.abc import Callable
 
 import pytest
+from typer.testing import CliRunner
 
-from distrl_stream.config import Config, KafkaConfig, load_config
-from distrl_stream.errors import KafkaClientError
+from distrl_stream.cli.main import app
+from distrl_stream.config import Config, KafkaConfig, is_secret_property, load_config
+from distrl_stream.errors import ConfigError, KafkaClientError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import Consumer, read_topic
 from distrl_stream.kafka.producer import Producer
@@ -98,3 +102,74 @@ def test_a_client_property_is_visible_to_the_broker(
             consumer.poll(0.2)
         description = kafka_admin.client.describe_consumer_groups([group])[group].result(timeout=10)
     assert [m.client_id for m in description.members] == ["rack7-learner"]
+
+
+# An EC key encrypted with KEY_PASSWORD and its self-signed certificate: librdkafka decrypts the key when it builds an
+# SSL client (no broker needed), so a client that builds proves the real password reached it.
+KEY_PASSWORD = "pw-Zq8-never-printed"
+KEY_PEM = """-----BEGIN ENCRYPTED PRIVATE KEY-----
+MIH0MF8GCSqGSIb3DQEFDTBSMDEGCSqGSIb3DQEFDDAkBBAxj6eNJBglOH8y8TLQ
+CNSHAgIIADAMBggqhkiG9w0CCQUAMB0GCWCGSAFlAwQBKgQQ1/uE/ahXdZzjFK7O
+wMpQQwSBkFtxZNRsH8rdaH3vTSCPPJDdmKc2r7CEoxNxjjX3IgS7jm7P9ut2LWbo
+YCtkOE6IrF/kEQswjNGj5yNHdQp7h2yUtkbJzTmKlygE8BV6Fo3LSNjPD7CKiPbJ
+hqJLsLxsbTNazzqVmb3cCLY9ZWzHlLRpHYg935dE7fUVYWN2SvXnJBRdVOdxFRm4
+uIe4tL39lA==
+-----END ENCRYPTED PRIVATE KEY-----"""
+CERT_PEM = """-----BEGIN CERTIFICATE-----
+MIIBGjCBwaADAgECAgEBMAoGCCqGSM49BAMCMBYxFDASBgNVBAMMC2Rpc3RybC10
+ZXN0MCAXDTI0MDEwMTAwMDAwMFoYDzIxMjMxMjA4MDAwMDAwWjAWMRQwEgYDVQQD
+DAtkaXN0cmwtdGVzdDBZMBMGByqGSM49AgEGCCqGSM49AwEHA0IABO5SA8b6QVD+
+5k0iPxF2h07MV91KqHSQVqPBGBfbQcFsyzsA5DtUE0H6cUZP+BKGxibFywFH7c+R
+/5hsE7Wxk1AwCgYIKoZIzj0EAwIDSAAwRQIhAPbrVX/E+994xiF0I+9x8h6iE024
+vDnZE/d+VX0vC8q5AiACM4cpk8iE6LlFmMF+Vl2l4LkKmb4aZznCEhj5Som7AQ==
+-----END CERTIFICATE-----"""
+KEY_BODY = KEY_PEM.splitlines()[1]
+
+
+def _secured_env(monkeypatch: pytest.MonkeyPatch, password: str = KEY_PASSWORD, **extra: str) -> None:
+    client = {"security.protocol": "SSL", "ssl.key.pem": KEY_PEM, "ssl.certificate.pem": CERT_PEM}
+    monkeypatch.setenv("DISTRL_KAFKA__CLIENT", json.dumps({**client, "ssl.key.password": password, **extra}))
+
+
+def test_passwords_and_keys_are_secret_properties() -> None:
+    secret = ["sasl.password", "ssl.key.password", "ssl.keystore.password", "ssl.key.pem",
+              "sasl.oauthbearer.client.secret", "sasl.oauthbearer.config", "https.client.key.pem"]  # fmt: skip
+    public = ["sasl.username", "ssl.certificate.pem", "ssl.ca.location", "security.protocol", "client.rack"]
+    assert [p for p in secret if not is_secret_property(p)] == []
+    assert [p for p in public if is_secret_property(p)] == []
+
+
+def test_a_password_from_the_environment_is_masked_in_config_show(monkeypatch: pytest.MonkeyPatch) -> None:
+    _secured_env(monkeypatch, **{"sasl.password": "sasl-pw-never-printed"})
+    result = CliRunner().invoke(app, ["config", "show"])
+    assert result.exit_code == 0, result.output
+    for secret in (KEY_PASSWORD, "sasl-pw-never-printed", KEY_BODY):
+        assert secret not in result.output
+    client = json.loads(result.stdout)["kafka"]["client"]
+    assert (client["ssl.key.password"], client["sasl.password"], client["ssl.key.pem"]) == ("**********",) * 3
+    assert client["ssl.certificate.pem"] == CERT_PEM  # public material stays readable
+
+
+def test_a_password_from_the_environment_reaches_librdkafka_but_never_its_logs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    _secured_env(monkeypatch, debug="conf,security")
+    kafka = load_config().kafka
+    assert repr(kafka).count("**********") == 2 and KEY_PASSWORD not in repr(kafka)
+    with caplog.at_level(logging.DEBUG, logger="distrl_stream"):
+        producer = Producer(kafka, client_id="secret-test")
+        producer.poll(0.5)  # the client built: librdkafka decrypted the key with the real password
+        producer.close(0)
+    assert "ssl.key.password" in caplog.text  # librdkafka did log its configuration
+    assert KEY_PASSWORD not in caplog.text and KEY_BODY not in caplog.text
+
+
+def test_a_password_from_the_environment_never_appears_in_error_messages(monkeypatch: pytest.MonkeyPatch) -> None:
+    _secured_env(monkeypatch, password="wrong-pw-never-printed")
+    with pytest.raises(KafkaClientError, match=r"ssl\.key\.pem") as client_error:
+        _ = Producer(load_config().kafka).client
+    assert "wrong-pw-never-printed" not in str(client_error.value) and KEY_BODY not in str(client_error.value)
+    monkeypatch.setenv("DISTRL_KAFKA__CLIENT", '{"sasl.password": 20240917}')
+    with pytest.raises(ConfigError, match=r"kafka\.client\.sasl\.password") as config_error:
+        load_config()
+    assert "20240917" not in str(config_error.value)

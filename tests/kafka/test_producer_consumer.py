@@ -12,6 +12,7 @@ import pytest
 from distrl_stream.config import Config
 from distrl_stream.errors import KafkaClientError
 from distrl_stream.events import TrajectoryEvent, decode
+from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
@@ -99,3 +100,64 @@ def test_producer_counts_failed_deliveries_and_flush_reports_them(run_config: Co
     assert producer.stats.failed == 1
     assert producer.stats.delivered == 0
     producer.close()
+
+
+def test_partitions_and_watermarks_describe_a_topic_and_a_missing_topic_is_a_typed_error(
+    run_config: Config, make_topic: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    topic = make_topic(partitions=3)
+    with Producer(run_config.kafka) as producer:
+        for i in range(5):
+            producer.produce(topic, f"m{i}".encode(), partition=1)
+        producer.flush()
+    with Consumer(run_config.kafka) as consumer:
+        assert consumer.partitions(topic) == [0, 1, 2]
+        assert consumer.watermarks(topic) == {0: (0, 0), 1: (0, 5), 2: (0, 0)}
+        assert consumer.watermarks(topic, [1]) == {1: (0, 5)}
+        missing = unique_name("missing")
+        with pytest.raises(KafkaClientError, match=f"cannot read {missing}: "):
+            consumer.partitions(missing, timeout_s=10)
+
+
+def test_assign_from_start_reads_every_partition_and_positions_follow_the_reads(
+    run_config: Config, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic(partitions=2)
+    with Producer(run_config.kafka) as producer:
+        for i in range(6):
+            producer.produce(topic, f"m{i}".encode(), partition=i % 2)
+        producer.flush()
+    with Consumer(run_config.kafka) as consumer:
+        assert consumer.assign_from_start(topic) == [0, 1]
+        messages = consume(consumer, 6)
+        assert sorted(m.value() for m in messages) == [f"m{i}".encode() for i in range(6)]
+        assert consumer.positions(topic, [0, 1]) == {0: 3, 1: 3}
+        consumer.assign_offsets(topic, {1: 2})
+        assert [m.value() for m in consume(consumer, 1)] == [b"m5"]
+
+
+def test_a_paused_consumer_fetches_nothing_until_resumed(run_config: Config, make_topic: Callable[..., str]) -> None:
+    topic = make_topic()
+    with Producer(run_config.kafka) as producer:
+        producer.produce(topic, b"held")
+        producer.flush()
+    with Consumer(run_config.kafka) as consumer:
+        consumer.assign_from_start(topic, [0])
+        consumer.pause()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            assert consumer.poll(0.2) is None
+        consumer.resume()
+        assert [m.value() for m in consume(consumer, 1)] == [b"held"]
+
+
+def test_committed_offsets_are_what_the_admin_reads_back_for_the_group(
+    run_config: Config, make_topic: Callable[..., str], unique_name: Callable[[str], str]
+) -> None:
+    topic = make_topic(partitions=2)
+    group = unique_name("group")
+    admin = Admin(run_config.kafka)
+    assert all(offset < 0 for offset in admin.committed_offsets(group, topic, [0, 1]).values())
+    with Consumer(run_config.kafka, group_id=group) as consumer:
+        consumer.commit_offsets(topic, {0: 3, 1: 1})
+    assert admin.committed_offsets(group, topic, [0, 1]) == {0: 3, 1: 1}
