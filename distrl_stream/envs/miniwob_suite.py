@@ -1,7 +1,7 @@
 """Which MiniWoB++ tasks the adapter can solve at all: a scripted reachability check over its own candidates.
 
 For every task of the installed MiniWoB++ package, :func:`check_suite` runs one page seed through
-:class:`~distrl_stream.envs.miniwob.MiniWoBEnv` and searches breadth-first over the sequences of choice-mode
+:class:`~distrl_stream.envs.miniwob.MiniWoBEnv` and searches depth-first over the sequences of choice-mode
 candidates (``env.candidates``), re-running the same seed for each branch. A task is *reachable* when some sequence
 earns the page's own reward; otherwise the row says why not:
 
@@ -10,25 +10,29 @@ earns the page's own reward; otherwise the row says why not:
 - ``budget``: the per-task time or episode budget ran out first;
 - ``error``: the task did not reset or step cleanly (the message says what failed).
 
-A step that leaves the screen text unchanged continues the same episode (no reset): the page looked the same, so the
-next candidate is tried from there, and the path recorded is the one actually played. Screens already seen are not
-expanded twice.
+Candidates that share words with the instruction are tried first (it only orders the search; every candidate is
+still tried). A step that leaves the screen text unchanged continues the same episode (no reset): the page looked
+the same, so the next candidate is tried from there, and the path recorded is the one actually played. Screens
+already seen are not expanded twice.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from distrl_stream.envs.actions import parse_action
 from distrl_stream.envs.base import Observation, Task
 from distrl_stream.envs.miniwob import MiniWoBEnv
 
 Reason = Literal["", "unsupported", "budget", "error"]
 # The package also registers FlightWoB's three tasks, a separate benchmark served over HTTP (the adapter refuses them).
 FLIGHTWOB_PREFIX: Final = "flight."
+_WORD: Final = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +65,8 @@ class SuiteRow:
 def suite_tasks() -> list[str]:
     """The MiniWoB++ task names the installed ``miniwob`` package registers, sorted (FlightWoB left out)."""
     import gymnasium
-    import miniwob
+    import miniwob  # noqa: F401 - importing it registers its tasks
 
-    miniwob.register_miniwob_envs()
     ids = [env_id for env_id in gymnasium.envs.registry if env_id.startswith("miniwob/")]
     names = (env_id.removeprefix("miniwob/").removesuffix("-v1") for env_id in ids)
     return sorted(name for name in names if not name.startswith(FLIGHTWOB_PREFIX))
@@ -125,19 +128,19 @@ async def check_task(
         first = await env.reset(task)
         n_candidates = len(env.candidates(first))
         # Frontier: the actions that reach a screen, its depth (screens changed on the way), its candidates.
-        frontier: deque[tuple[tuple[str, ...], int, list[str]]] = deque([((), 0, env.candidates(first))])
+        frontier: deque[tuple[tuple[str, ...], int, list[str]]] = deque([((), 0, _ordered(env, first))])
         seen = {first.text}
         live: tuple[str, ...] | None = ()  # the path the browser's current episode has played, if still usable
         current = first
         while frontier:
             path, depth, options = frontier.popleft()
-            for option in options:
+            for k, option in enumerate(options):
                 if live != path:
                     if not budget.spend():
                         return row(False, "budget", f"{len(seen)} screens seen, depth {depth} of {max_depth}")
                     replayed = await _replay(env, task, path)
                     if replayed is None:
-                        continue  # the page did not replay the same way (a time- or randomness-driven page)
+                        break  # the page did not replay the same way (a time- or randomness-driven page)
                     live, current = path, replayed
                 elif budget.expired():
                     return row(False, "budget", f"{len(seen)} screens seen, depth {depth} of {max_depth}")
@@ -154,13 +157,33 @@ async def check_task(
                     continue
                 live = None
                 if after.text not in seen and depth + 1 < max_depth:
+                    # Depth first while the browser is already there; this screen's other options come after.
                     seen.add(after.text)
-                    frontier.append(((*path, option), depth + 1, env.candidates(after)))
+                    live, current = (*path, option), after
+                    frontier.appendleft((path, depth, options[k + 1 :]))
+                    frontier.appendleft((live, depth + 1, _ordered(env, after)))
+                    break
         if n_candidates == 0:
             return row(False, "unsupported", "nothing on the first screen to act on")
         return row(False, "unsupported", f"no sequence of up to {max_depth} screen changes succeeds ({len(seen)} seen)")
     except Exception as exc:  # the row is the report: any failure of the page is a finding
         return row(False, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+
+
+def _ordered(env: MiniWoBEnv, observation: Observation) -> list[str]:
+    """The screen's candidates, those naming more of the instruction's words first (stable otherwise)."""
+    words = set(_WORD.findall(observation.instruction.lower()))
+
+    def overlap(option: str) -> int:
+        # What the option names: the text it types or picks, else the label of the element it acts on.
+        action = parse_action(option)
+        named = getattr(action, "text", None)
+        index = getattr(action, "index", None)
+        if named is None and index is not None:
+            named = observation.elements[index].text
+        return len(words & set(_WORD.findall(f"{action.action_type} {named or ''}".lower())))
+
+    return sorted(env.candidates(observation), key=overlap, reverse=True)
 
 
 async def _replay(env: MiniWoBEnv, task: Task, path: tuple[str, ...]) -> Observation | None:
