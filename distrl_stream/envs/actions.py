@@ -11,6 +11,8 @@ Kinds (``action_type``) and their fields, with an example of each:
 - ``long_press``: ``index`` or ``x`` and ``y`` -- ``{"action_type":"long_press","index":0}``
 - ``type``: ``text``; optional ``index`` (focus that element first) -- ``{"action_type":"type","text":"Ana"}``
 - ``scroll``: ``direction`` (up/down/left/right); optional ``index`` -- ``{"action_type":"scroll","direction":"down"}``
+- ``select``: ``index`` (a dropdown or list box) and the option's ``text`` or its 0-based position ``option`` --
+  ``{"action_type":"select","index":2,"text":"Blue"}``
 - ``navigate_back``, ``navigate_home``, ``keyboard_enter``, ``wait``: no fields -- ``{"action_type":"wait"}``
 - ``open_app``: ``app_name`` -- ``{"action_type":"open_app","app_name":"Clock"}``
 - ``status``: ``goal_status`` (complete, infeasible) -- ``{"action_type":"status","goal_status":"complete"}``
@@ -42,7 +44,17 @@ MAX_INDEX: Final = 9999
 MAX_COORD: Final = 100_000
 
 # The one key order of canonical text: kind first, then target, then payload.
-_KEY_ORDER: Final[tuple[str, ...]] = ("action_type", "index", "x", "y", "direction", "text", "app_name", "goal_status")
+_KEY_ORDER: Final[tuple[str, ...]] = (
+    "action_type",
+    "index",
+    "x",
+    "y",
+    "direction",
+    "option",
+    "text",
+    "app_name",
+    "goal_status",
+)
 _ALIASES: Final[dict[str, str]] = {"input_text": "type", "tap": "click"}
 # The string encoder json.dumps(ensure_ascii=False) uses (the C one where available).
 _encode_string = json.encoder.encode_basestring
@@ -55,6 +67,7 @@ class ActionType(StrEnum):
     LONG_PRESS = "long_press"
     TYPE = "type"
     SCROLL = "scroll"
+    SELECT = "select"
     NAVIGATE_BACK = "navigate_back"
     NAVIGATE_HOME = "navigate_home"
     OPEN_APP = "open_app"
@@ -69,6 +82,7 @@ _FIELDS: Final[dict[ActionType, frozenset[str]]] = {
     ActionType.LONG_PRESS: frozenset({"index", "x", "y"}),
     ActionType.TYPE: frozenset({"text", "index"}),
     ActionType.SCROLL: frozenset({"direction", "index"}),
+    ActionType.SELECT: frozenset({"index", "option", "text"}),
     ActionType.NAVIGATE_BACK: frozenset(),
     ActionType.NAVIGATE_HOME: frozenset(),
     ActionType.OPEN_APP: frozenset({"app_name"}),
@@ -157,6 +171,19 @@ class Scroll(_Rendering):
 
 
 @dataclass(frozen=True, slots=True)
+class Select(_Rendering):
+    """Pick an option of the dropdown or list box ``index`` by its ``text`` or its 0-based position ``option``.
+
+    Exactly one of ``text`` and ``option``; in a list box that takes several options, picking one toggles it.
+    """
+
+    index: int
+    option: int | None = None
+    text: str | None = None
+    action_type: ClassVar[ActionType] = ActionType.SELECT
+
+
+@dataclass(frozen=True, slots=True)
 class NavigateBack(_Rendering):
     """The system back button."""
 
@@ -200,7 +227,19 @@ class Status(_Rendering):
     action_type: ClassVar[ActionType] = ActionType.STATUS
 
 
-Action = Click | LongPress | TypeText | Scroll | NavigateBack | NavigateHome | OpenApp | KeyboardEnter | Wait | Status
+Action = (
+    Click
+    | LongPress
+    | TypeText
+    | Scroll
+    | Select
+    | NavigateBack
+    | NavigateHome
+    | OpenApp
+    | KeyboardEnter
+    | Wait
+    | Status
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,6 +373,8 @@ def _from_dict(obj: dict[str, Any]) -> Action:
     if kind is ActionType.SCROLL:
         direction = _choice(fields, "direction", DIRECTIONS)
         return Scroll(direction, _optional_int(fields, "index", MAX_INDEX))  # type: ignore[arg-type]
+    if kind is ActionType.SELECT:
+        return _select(fields)
     if kind is ActionType.OPEN_APP:
         return OpenApp(_text(fields, "app_name", 100))
     if kind is ActionType.STATUS:
@@ -360,6 +401,19 @@ def _target(kind: ActionType, fields: dict[str, Any]) -> tuple[int | None, int |
     if has_x or has_y:
         raise _Reject(f"{kind.value} needs both 'x' and 'y'")
     raise _Reject(f"{kind.value} needs 'index' or 'x' and 'y'")
+
+
+def _select(fields: dict[str, Any]) -> Select:
+    if "index" not in fields:
+        raise _Reject("select needs 'index' (the dropdown)")
+    index = _optional_int(fields, "index", MAX_INDEX)
+    assert index is not None  # present, checked above
+    has_text, has_option = "text" in fields, "option" in fields
+    if has_text == has_option:
+        raise _Reject("select takes either 'text' or 'option' (the option's position), exactly one")
+    if has_text:
+        return Select(index, text=_text(fields, "text", MAX_TEXT_CHARS))
+    return Select(index, option=_optional_int(fields, "option", MAX_INDEX))
 
 
 def _optional_int(fields: dict[str, Any], key: str, maximum: int) -> int | None:

@@ -1,10 +1,12 @@
 """MiniWoB++ in headless chromium, behind the DeviceEnv protocol.
 
 Each :class:`MiniWoBEnv` owns one chromium (started on the first ``reset``, ~2 s) and switches between MiniWoB tasks
-by loading the task's page. The page's DOM becomes numbered elements (buttons, links, fields, checkboxes, text);
-our actions become MiniWoB actions (element clicks, focus-and-type, key presses, coordinate clicks and scrolls); the
-page's own reward decides success. Selenium calls block, so every browser call runs in a worker thread
-(``asyncio.to_thread``) and many environments overlap.
+by loading the task's page. The page's DOM becomes numbered elements (buttons, links, fields, checkboxes, dropdowns,
+sliders, scrollable lists, text); our actions are carried out in the page with Selenium (element clicks, pointer
+clicks after scrolling the target into view, focus-and-type, key presses, wheel and element scrolls, option picks),
+and MiniWoB reports the page's reward and next observation. An action the page cannot take (a pointer target out of
+reach, a vanished element) is an invalid action with the browser's reason, not an error. Selenium calls block, so
+every browser call runs in a worker thread (``asyncio.to_thread``) and many environments overlap.
 
 Rewards follow the project's convention (1.0 on success, else 0.0); MiniWoB's own raw reward (+1/-1) and
 time-decayed reward are kept in ``info.extra``.
@@ -18,10 +20,9 @@ import logging
 import shutil
 import tempfile
 import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
-
-import numpy as np
 
 from distrl_stream.config import EnvConfig
 from distrl_stream.envs.actions import (
@@ -33,6 +34,7 @@ from distrl_stream.envs.actions import (
     NavigateHome,
     OpenApp,
     Scroll,
+    Select,
     Status,
     TypeText,
     Wait,
@@ -56,8 +58,87 @@ CHROME_FLAGS: Final = (
 )
 # More elements than this would blow the prompt budget; the learnable subset stays far below it.
 MAX_ELEMENTS: Final = 30
-_FIELD_TAGS: Final = frozenset({"input_text", "input_password", "input_email", "input_search", "input_tel", "textarea"})
+_FIELD_TAGS: Final = frozenset(
+    {
+        "input_text",
+        "input_password",
+        "input_email",
+        "input_search",
+        "input_tel",
+        "input_number",
+        "input_date",
+        "input_time",
+        "textarea",
+    }
+)
 _KINDS: Final = {"button": "button", "input_checkbox": "checkbox", "input_radio": "radio", "a": "link"}
+# Pixels a wheel or element scroll moves: most of MiniWoB's 160x210 task area.
+SCROLL_PX: Final = 150
+
+# Widgets MiniWoB's DOM list leaves out or flattens: dropdowns and list boxes (their options), jQuery UI sliders
+# (the value lives in the widget), and scrollable containers (whether there is more above or below).
+_WIDGETS_JS: Final = """
+var out = {}, info = core.previousDOMInfo || {};
+for (var ref in info) {
+  var el = info[ref];
+  if (el instanceof HTMLSelectElement) {
+    var options = Array.from(el.options);
+    out[ref] = {kind: 'select', multiple: el.multiple, options: options.map(function (o) { return o.text.trim(); }),
+                selected: options.filter(function (o) { return o.selected; }).map(function (o) { return o.index; })};
+  } else if (el.classList && el.classList.contains('ui-slider') && window.jQuery) {
+    var s = jQuery(el);
+    out[ref] = {kind: 'slider', value: String(s.slider('value')),
+                min: String(s.slider('option', 'min')), max: String(s.slider('option', 'max'))};
+  } else if (el instanceof HTMLElement && !(el instanceof HTMLTextAreaElement) && el.scrollHeight > el.clientHeight + 1
+             && /(auto|scroll)/.test(getComputedStyle(el).overflowY)) {
+    out[ref] = {kind: 'scroll', up: el.scrollTop > 0, down: el.scrollTop + el.clientHeight < el.scrollHeight - 1};
+  }
+}
+return out;
+"""
+# Scroll an element (or a text run's parent) into view; how far it moved, and the viewport's size.
+_INTO_VIEW_JS: Final = """
+var el = core.previousDOMInfo[arguments[0]];
+if (!el) return [0, 0, window.innerWidth, window.innerHeight];
+var a = el.getBoundingClientRect();
+el.scrollIntoView({block: 'nearest', inline: 'nearest'});
+var b = el.getBoundingClientRect();
+return [b.left - a.left, b.top - a.top, window.innerWidth, window.innerHeight];
+"""
+_SELECT_JS: Final = """
+var el = core.previousDOMInfo[arguments[0]], position = arguments[1];
+var option = el.options[position];
+if (el.multiple) { option.selected = !option.selected; } else { el.selectedIndex = position; }
+el.dispatchEvent(new Event('input', {bubbles: true}));
+el.dispatchEvent(new Event('change', {bubbles: true}));
+"""
+# A focused date or time input keeps typing into the segment its caret is in; refocusing starts at the first one.
+_FOCUS_JS: Final = """
+var el = core.previousDOMInfo[arguments[0]];
+if (el.type === 'date' || el.type === 'time') el.blur();
+return core.elementClick(arguments[0]);
+"""
+_SLIDER_JS: Final = "jQuery(core.previousDOMInfo[arguments[0]]).slider('value', arguments[1]);"
+_SCROLL_ELEMENT_JS: Final = """
+var el = core.previousDOMInfo[arguments[0]], top = el.scrollTop, left = el.scrollLeft;
+el.scrollBy(arguments[1], arguments[2]);
+return el.scrollTop !== top || el.scrollLeft !== left;
+"""
+_SCROLL_DELTAS: Final = {
+    "up": (0, -SCROLL_PX),
+    "down": (0, SCROLL_PX),
+    "left": (-SCROLL_PX, 0),
+    "right": (SCROLL_PX, 0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Handle:
+    """How to reach a numbered element in the page: its ref, the ref to scroll into view, its widget details."""
+
+    ref: int
+    anchor: int
+    widget: dict[str, Any] | None = None
 
 
 class MiniWoBEnv(EnvBase):
@@ -84,7 +165,7 @@ class MiniWoBEnv(EnvBase):
         self._episode_ms = int(episode_time_s * 1000)
         self._screenshots = screenshots
         self._gym: Any = None
-        self._refs: list[int] = []
+        self._handles: list[_Handle] = []
         self._fields: list[str] = []
 
     @classmethod
@@ -100,9 +181,25 @@ class MiniWoBEnv(EnvBase):
         return self._gym.instance.driver.service.process.pid
 
     def candidates(self, observation: Observation) -> list[str]:
-        """Clicks on every element, and for each text field the task's field values typed into it."""
+        """Choice-mode actions on the current screen.
+
+        A click on every element but dropdowns and lists; for each text field or slider, the task's field values
+        typed into it; for each dropdown, a pick of each option not already picked (every option of a list box,
+        where a pick toggles); for each scrollable list, a scroll towards the side that has more.
+        """
         out: list[str] = []
         for el in observation.elements:
+            widget = self._handles[el.index].widget if el.index < len(self._handles) else None
+            if el.kind == "select" and widget is not None:
+                out.extend(
+                    Select(el.index, text=text).to_text()
+                    for k, text in enumerate(widget["options"])
+                    if widget["multiple"] or k not in widget["selected"]
+                )
+                continue
+            if el.kind == "list" and widget is not None:
+                out.extend(Scroll(d, el.index).to_text() for d in ("up", "down") if widget[d])  # type: ignore[arg-type]
+                continue
             if el.editable:
                 out.extend(TypeText(text=value, index=el.index).to_text() for value in self._fields)
             out.append(Click(index=el.index).to_text())
@@ -130,6 +227,11 @@ class MiniWoBEnv(EnvBase):
         page = _html_dir() / f"{task.template}.html"
         if not page.is_file():
             raise EnvError(f"miniwob: no task {task.template!r} (no {page.name} in {page.parent})")
+        if self._gym is not None and self._gym.instance.died:
+            # MiniWoB's own restart would reopen the first task's page; start over on this one instead.
+            log.warning("miniwob: the browser failed; starting a new one for %s", task.id)
+            gym, self._gym = self._gym, None
+            gym.close()
         try:
             if self._gym is None:
                 self._gym = _start(task.template, self._chrome, self._driver_path)
@@ -144,21 +246,35 @@ class MiniWoBEnv(EnvBase):
             raise
         except Exception as exc:
             raise EnvError(f"miniwob: could not start {task.template} (seed {task.seed}): {exc}") from exc
+        if self._gym.instance.died:
+            raise EnvError(f"miniwob: {task.template} (seed {task.seed}) failed in the page on reset")
         self._fields = [value for _, value in obs["fields"] if value]
         return self._observe(obs, done=False)
 
     def _apply_sync(self, action: Action) -> Outcome:
+        from selenium.common.exceptions import InvalidSessionIdException, NoSuchWindowException, WebDriverException
+
         shown = self._observation
         assert shown is not None  # EnvBase.step checks the episode is live
         if isinstance(action, Status):
             return Outcome(shown, done=True, extra={"miniwob_raw_reward": 0.0})
-        mw_action = self._translate(action, shown)
-        if isinstance(mw_action, str):
-            return Outcome(shown, valid=False, reason=mw_action)
+        gym = self._gym
         try:
-            obs, _, terminated, _, info = self._gym.step(mw_action)
+            refused = self._perform(action, shown, gym.instance.driver)
+        except (InvalidSessionIdException, NoSuchWindowException) as exc:
+            raise EnvError(f"miniwob: browser failed on {action.to_text()}: {_first_line(exc)}") from exc
+        except WebDriverException as exc:
+            # The page could not take it (a pointer target out of reach, an element gone): the world is unchanged.
+            refused = f"the page could not take it: {_first_line(exc)}"
+        if refused is not None:
+            return Outcome(shown, valid=False, reason=refused)
+        try:
+            # The action is done; a no-op step makes MiniWoB read the reward, the end flag and the next screen.
+            obs, _, terminated, _, info = gym.step(None)
         except Exception as exc:
-            raise EnvError(f"miniwob: browser failed on {action.to_text()}: {exc}") from exc
+            raise EnvError(f"miniwob: browser failed after {action.to_text()}: {exc}") from exc
+        if gym.instance.died:
+            raise EnvError(f"miniwob: the page failed after {action.to_text()} (see the log for its traceback)")
         raw = float(info.get("raw_reward") or 0.0)
         extra = {
             "miniwob_raw_reward": raw,
@@ -168,66 +284,128 @@ class MiniWoBEnv(EnvBase):
         observation = self._observe(obs, done=terminated)
         return Outcome(observation, success=terminated and raw > 0, done=terminated, extra=extra)
 
-    def _translate(self, action: Action, shown: Observation) -> dict[str, Any] | str:
-        """The MiniWoB action for ours, or the reason it is impossible here."""
-        gym = self._gym
+    def _perform(self, action: Action, shown: Observation, driver: Any) -> str | None:
+        """Carry out the action in the page; the reason it is impossible here, or None when done."""
+        from miniwob.selenium_actions import execute_press_key, execute_scroll_coords, execute_type_text
+
         n = len(shown.elements)
+        index = getattr(action, "index", None)
+        if index is not None and index >= n:
+            return f"no element {index} on this page (it has 0..{n - 1})"
+        element = shown.elements[index] if index is not None else None
+        handle = self._handles[index] if index is not None else None
         match action:
-            case Click(index=index) if index is not None:
-                if index >= n:
-                    return f"no element {index} on this page (it has 0..{n - 1})"
-                element = shown.elements[index]
-                if (element.editable or self._refs[index] < 0) and element.bounds is not None:
-                    # A real pointer click where MiniWoB's element click falls short: headless chromium fires no
-                    # focus event for element.focus() (focus-text needs one), and text runs (negative refs) are
-                    # not DOM elements at all.
-                    left, top, right, bottom = element.bounds
-                    return gym.create_action("CLICK_COORDS", coords=_coords((left + right) / 2, (top + bottom) / 2))
-                return gym.create_action("CLICK_ELEMENT", ref=self._refs[index])
+            case Click() if element is not None and handle is not None:
+                if element.editable or handle.ref < 0 or element.kind == "select":
+                    # A real pointer click where a script click falls short: headless chromium fires no focus event
+                    # for element.focus() (focus-text needs one), and text runs (negative refs) are not DOM elements.
+                    return self._pointer_click(element, handle, driver)
+                result = driver.execute_script("return core.elementClick(arguments[0]);", handle.ref)
+                return None if result is True else f"element {index} could not be clicked: {result}"
             case Click(x=x, y=y):
-                return gym.create_action("CLICK_COORDS", coords=_coords(x, y))
-            case TypeText(text=text, index=index):
-                if index is None:
-                    return gym.create_action("TYPE_TEXT", text=text)
-                if index >= n:
-                    return f"no element {index} on this page (it has 0..{n - 1})"
-                if not shown.elements[index].editable:
-                    return f"element {index} ({shown.elements[index].kind}) is not a text field"
-                return gym.create_action("FOCUS_ELEMENT_AND_TYPE_TEXT", ref=self._refs[index], text=text)
+                return _click_at(float(x or 0), float(y or 0), driver)
+            case TypeText(text=text) if element is not None and handle is not None:
+                if not element.editable:
+                    return f"element {index} ({element.kind}) is not a text field"
+                if element.kind == "slider":
+                    return _set_slider(index, text, handle, driver)
+                driver.execute_script(_FOCUS_JS, handle.ref)
+                execute_type_text(text, driver)
+            case TypeText(text=text):
+                execute_type_text(text, driver)
+            case Select() if element is not None and handle is not None:
+                return _select(action, element, handle, driver)
             case KeyboardEnter():
-                keys = gym.action_space_config.allowed_keys
-                return gym.create_action("PRESS_KEY", key=list(keys).index("<Enter>"))
+                execute_press_key("<Enter>", driver)
+            case Scroll(direction=direction) if handle is not None:
+                dx, dy = _SCROLL_DELTAS[direction]
+                if not driver.execute_script(_SCROLL_ELEMENT_JS, handle.ref, dx, dy):
+                    return f"element {index} ({element.kind if element else ''}) does not scroll {direction}"
             case Scroll(direction=direction):
                 if direction not in ("up", "down"):
                     return f"MiniWoB pages scroll up and down, not {direction}"
-                kind = "SCROLL_UP_COORDS" if direction == "up" else "SCROLL_DOWN_COORDS"
-                return gym.create_action(kind, coords=_coords(80, 105))
+                execute_scroll_coords(80, 105, SCROLL_PX if direction == "down" else -SCROLL_PX, 150, driver)
             case Wait():
-                return gym.create_action("NONE")
+                pass
             case LongPress():
                 return "MiniWoB pages have no long press"
             case NavigateBack() | NavigateHome():
                 return "MiniWoB pages have no back or home button"
             case OpenApp():
                 return "MiniWoB has no apps to open"
-        return f"unsupported action {action.to_text()}"
+        return None
+
+    def _pointer_click(self, element: UIElement, handle: _Handle, driver: Any) -> str | None:
+        """Click the element's centre with the pointer, scrolling it into view first (page or container)."""
+        if element.bounds is None:
+            return f"element {element.index} has no position on the page"
+        left, top, right, bottom = element.bounds
+        dx, dy, width, height = driver.execute_script(_INTO_VIEW_JS, handle.anchor)
+        x, y = (left + right) / 2 + dx, (top + bottom) / 2 + dy
+        if not (0 <= x < width and 0 <= y < height):
+            return f"element {element.index} is outside the window even after scrolling ({x:.0f}, {y:.0f})"
+        return _click_at(x, y, driver)
 
     def _observe(self, obs: dict[str, Any], done: bool) -> Observation:
         task = self.task
         instruction = obs.get("utterance") or (self._observation.instruction if self._observation else "")
         if done:
-            self._refs = []
+            self._handles = []
             title = f"{task.template if task else 'MiniWoB'} (episode over)"
             return Observation(instruction, render_screen(title, ()), ())
-        elements, refs = _elements(obs["dom_elements"])
-        self._refs = refs
+        widgets = self._gym.instance.driver.execute_script(_WIDGETS_JS)
+        elements, self._handles = _elements(obs["dom_elements"], {int(ref): w for ref, w in widgets.items()})
         screenshot = _png(obs["screenshot"]) if self._screenshots else None
         title = task.template if task is not None else "MiniWoB"
         return Observation(instruction, render_screen(title, elements), elements, screenshot)
 
 
-def _coords(x: float, y: float) -> np.ndarray:
-    return np.array([x, y], dtype=np.float32)
+def _first_line(exc: BaseException) -> str:
+    text = getattr(exc, "msg", None) or str(exc) or type(exc).__name__
+    return str(text).strip().splitlines()[0][:160]
+
+
+def _click_at(x: float, y: float, driver: Any) -> str | None:
+    """A pointer click at window coordinates, or why not (outside the window: WebDriver would refuse it)."""
+    from miniwob.selenium_actions import execute_click_coords
+
+    width, height = driver.execute_script("return [window.innerWidth, window.innerHeight];")
+    if not (0 <= x < width and 0 <= y < height):
+        return f"({x:.0f}, {y:.0f}) is outside the {width}x{height} window"
+    execute_click_coords(x, y, driver)
+    return None
+
+
+def _select(action: Select, element: UIElement, handle: _Handle, driver: Any) -> str | None:
+    """Pick an option by text or position (toggle it in a list box that takes several)."""
+    if element.kind != "select" or handle.widget is None:
+        return f"element {element.index} ({element.kind}) is not a dropdown or list box"
+    options: list[str] = handle.widget["options"]
+    if action.text is not None:
+        if action.text not in options:
+            shown = ", ".join(options[:12])
+            return f"element {element.index} has no option {action.text[:40]!r} (options: {shown})"
+        position = options.index(action.text)
+    else:
+        position = action.option if action.option is not None else -1
+        if not 0 <= position < len(options):
+            return f"element {element.index} has options 0..{len(options) - 1}, not {position}"
+    driver.execute_script(_SELECT_JS, handle.ref, position)
+    return None
+
+
+def _set_slider(index: int | None, text: str, handle: _Handle, driver: Any) -> str | None:
+    """Move a jQuery UI slider to a number within its range (the page reads the widget's value)."""
+    assert handle.widget is not None  # sliders are recognised from their widget details
+    try:
+        value = float(text)
+    except ValueError:
+        return f"element {index} is a slider: type a number, not {text[:40]!r}"
+    low, high = float(handle.widget["min"]), float(handle.widget["max"])
+    if not low <= value <= high:
+        return f"element {index} is a slider from {handle.widget['min']} to {handle.widget['max']}, not {text}"
+    driver.execute_script(_SLIDER_JS, handle.ref, int(value) if value.is_integer() else value)
+    return None
 
 
 def _png(pixels: Any) -> bytes:
@@ -238,23 +416,35 @@ def _png(pixels: Any) -> bytes:
     return buffer.getvalue()
 
 
-def _elements(dom: tuple[dict[str, Any], ...]) -> tuple[tuple[UIElement, ...], list[int]]:
-    """Numbered elements from MiniWoB's DOM list: leaves with text, controls; checkbox labels folded in."""
+def _elements(
+    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]]
+) -> tuple[tuple[UIElement, ...], list[_Handle]]:
+    """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in."""
     by_parent: dict[int, list[dict[str, Any]]] = {}
     for el in dom:
         by_parent.setdefault(int(el["parent"]), []).append(el)
     used_labels: set[int] = set()
     out: list[UIElement] = []
-    refs: list[int] = []
+    handles: list[_Handle] = []
     for el in dom:
         ref, tag, text = int(el["ref"]), str(el["tag"]), str(el["text"]).strip()
-        is_leaf = bool(el["flags"][3])
-        if ref in used_labels or not is_leaf:
+        widget = widgets.get(ref)
+        if ref in used_labels or not (el["flags"][3] or widget):
             continue
         state = ""
         kind = _KINDS.get(tag, "text")
         editable = tag in _FIELD_TAGS
-        if editable:
+        if widget is not None and widget["kind"] == "select":
+            kind, text = "select", " | ".join(widget["options"]) or "(no options)"
+            state = ", ".join(widget["options"][k] for k in widget["selected"])
+        elif widget is not None and widget["kind"] == "slider":
+            kind, text, state, editable = "slider", f"{widget['min']}..{widget['max']}", widget["value"], True
+        elif widget is not None:
+            kind, text = "list", "scrollable"
+            state = " and ".join(
+                f"more {side}" for side in ("above", "below") if widget["up" if side == "above" else "down"]
+            )
+        elif editable:
             kind, state = "field", str(el["value"])
             text = text or str(el["id"]) or "input"
         elif tag in ("input_checkbox", "input_radio"):
@@ -272,10 +462,10 @@ def _elements(dom: tuple[dict[str, Any], ...]) -> tuple[tuple[UIElement, ...], l
         width, height = float(el["width"][0]), float(el["height"][0])
         bounds = (int(left), int(top), int(left + width), int(top + height))
         out.append(UIElement(len(out), kind, text, state, clickable=True, editable=editable, bounds=bounds))
-        refs.append(ref)
+        handles.append(_Handle(ref, ref if ref >= 0 else int(el["parent"]), widget))
         if len(out) >= MAX_ELEMENTS:
             break
-    return tuple(out), refs
+    return tuple(out), handles
 
 
 def _html_dir() -> Path:

@@ -19,6 +19,7 @@ from distrl_stream.envs.actions import (
     NavigateHome,
     OpenApp,
     Scroll,
+    Select,
     Status,
     TypeText,
     Wait,
@@ -43,6 +44,8 @@ actions: st.SearchStrategy[Action] = st.one_of(
     st.builds(lambda x, y: LongPress(x=x, y=y), coords, coords),
     st.builds(TypeText, text=typable, index=st.none() | indices),
     st.builds(Scroll, direction=st.sampled_from(["up", "down", "left", "right"]), index=st.none() | indices),
+    st.builds(Select, index=indices, text=typable),
+    st.builds(lambda i, k: Select(i, option=k), indices, indices),
     st.just(NavigateBack()),
     st.just(NavigateHome()),
     st.builds(OpenApp, app_name=typable),
@@ -56,8 +59,10 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4),
     max_leaves=12,
 )
-keys = st.sampled_from(["action_type", "index", "x", "y", "text", "direction", "app_name", "goal_status", "extra"])
-kinds = st.sampled_from(["click", "type", "scroll", "status", "open_app", "wait", "up", "complete"])
+keys = st.sampled_from(
+    ["action_type", "index", "x", "y", "text", "option", "direction", "app_name", "goal_status", "extra"]
+)
+kinds = st.sampled_from(["click", "type", "scroll", "select", "status", "open_app", "wait", "up", "complete"])
 
 
 @given(st.text(max_size=300))
@@ -102,6 +107,8 @@ def test_canonical_key_order_is_fixed() -> None:
     assert TypeText(text="Ana", index=2).to_text() == '{"action_type":"type","index":2,"text":"Ana"}'
     assert Click(x=5, y=7).to_text() == '{"action_type":"click","x":5,"y":7}'
     assert Status("complete").to_text() == '{"action_type":"status","goal_status":"complete"}'
+    assert Select(3, text="Blue").to_text() == '{"action_type":"select","index":3,"text":"Blue"}'
+    assert Select(3, option=0).to_text() == '{"action_type":"select","index":3,"option":0}'
 
 
 def test_androidworld_aliases_render_under_our_names() -> None:
@@ -132,6 +139,11 @@ def test_androidworld_aliases_render_under_our_names() -> None:
         ('{"action_type": "scroll", "direction": "sideways"}', "'direction' must be one of up, down, left, right"),
         ('{"action_type": "status", "goal_status": "done"}', "'goal_status' must be one of complete, infeasible"),
         ('{"action_type": "click", "x": NaN, "y": 1}', "NaN is not allowed"),
+        ('{"action_type": "select", "text": "Blue"}', "select needs 'index'"),
+        ('{"action_type": "select", "index": 1}', "either 'text' or 'option'"),
+        ('{"action_type": "select", "index": 1, "text": "a", "option": 0}', "either 'text' or 'option'"),
+        ('{"action_type": "select", "index": 1, "option": "0"}', "'option' must be an integer, got str"),
+        ('{"action_type": "select", "index": 1, "text": "a", "x": 1}', "select does not take 'x'"),
         ("[" * 100_000, f"longer than {MAX_ACTION_CHARS}"),
     ],
 )

@@ -13,6 +13,7 @@ import pytest_asyncio
 from distrl_stream.config import load_config
 from distrl_stream.envs.base import Observation
 from distrl_stream.envs.miniwob import MiniWoBEnv
+from distrl_stream.envs.miniwob_suite import suite_tasks
 from distrl_stream.envs.tasks import miniwob_tasks
 
 SECTION = load_config().env
@@ -122,3 +123,100 @@ async def test_close_ends_the_browser_processes() -> None:
     await browser.close()
     await browser.close()  # idempotent
     assert not os.path.exists(f"/proc/{pid}")
+
+
+def index_of(obs: Observation, kind: str, text: str | None = None) -> int:
+    return next(e.index for e in obs.elements if e.kind == kind and (text is None or e.text == text))
+
+
+async def test_dropdown_option_picked_by_text_or_position_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    for k, task in enumerate(miniwob_tasks(["choose-list"], "train", 2)):
+        obs = await env.reset(task)
+        target = re.fullmatch(r"Select (.+) from the list and click Submit\.", obs.instruction)
+        assert target is not None
+        dropdown = index_of(obs, "select")
+        options = obs.elements[dropdown].text.split(" | ")
+        pick = (
+            f'{{"action_type":"select","index":{dropdown},"text":"{target[1]}"}}'
+            if k == 0
+            else f'{{"action_type":"select","index":{dropdown},"option":{options.index(target[1])}}}'
+        )
+        if k == 0:
+            assert pick in env.candidates(obs)
+        result = await env.step(pick)
+        assert result.info.valid and result.observation.elements[dropdown].state == target[1]
+        result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+        assert result.info.success and result.info.extra["miniwob_raw_reward"] > 0, task.id
+
+
+async def test_list_box_picks_toggle_and_earn_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["click-scroll-list"], "train", 1)[0])
+    target = re.fullmatch(r"Select (.+) from the scroll list and click Submit\.", obs.instruction)
+    assert target is not None
+    box = index_of(obs, "select")
+    names = target[1].split(", ")
+    stray = next(o for o in obs.elements[box].text.split(" | ") if o not in names)
+    for name in [*names, stray, stray]:  # the stray option picked twice: on, then off again
+        result = await env.step(f'{{"action_type":"select","index":{box},"text":"{name}"}}')
+        assert result.info.valid
+    assert result.observation.elements[box].state == ", ".join(
+        o for o in obs.elements[box].text.split(" | ") if o in names
+    )
+    result = await env.step(f'{{"action_type":"click","index":{index_of(result.observation, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_slider_typed_to_a_value_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["use-slider"], "train", 1)[0])
+    target = re.fullmatch(r"Select (-?\d+) with the slider and hit Submit\.", obs.instruction)
+    assert target is not None
+    slider = index_of(obs, "slider")
+    low, high = obs.elements[slider].text.split("..")
+    outside = await env.step(f'{{"action_type":"type","index":{slider},"text":"{int(high) + 1}"}}')
+    assert not outside.info.valid and f"from {low} to {high}" in (outside.info.reason or "")
+    text = f'{{"action_type":"type","index":{slider},"text":"{target[1]}"}}'
+    assert text in env.candidates(obs)
+    result = await env.step(text)
+    assert result.observation.elements[slider].state == target[1]
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_date_field_typed_as_the_page_shows_dates_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    task = miniwob_tasks(["enter-date"], "train", 1)[0]
+    for _ in range(2):  # the second episode starts with the caret left in the field by the first
+        obs = await env.reset(task)
+        target = re.fullmatch(r"Enter (\S+) as the date and hit submit\.", obs.instruction)
+        assert target is not None
+        result = await env.step(f'{{"action_type":"type","index":{index_of(obs, "field")},"text":"{target[1]}"}}')
+        assert result.info.valid
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_field_below_the_window_is_scrolled_into_view_before_the_pointer_click(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["focus-text"], "train", 1)[0])
+    driver = env._gym.instance.driver
+    driver.execute_script("document.getElementById('area').style.marginTop = '3000px';")
+    obs = (await env.step('{"action_type":"wait"}')).observation
+    field = obs.elements[index_of(obs, "field")]
+    height = driver.execute_script("return window.innerHeight;")
+    assert field.bounds is not None and field.bounds[1] > height  # really out of the window
+    result = await env.step(f'{{"action_type":"click","index":{field.index}}}')
+    assert result.info.valid and result.info.success, result.info
+
+
+async def test_pointer_click_outside_the_window_is_invalid_not_an_error(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["click-test"], "train", 1)[0])
+    result = await env.step('{"action_type":"click","x":5000,"y":5000}')
+    assert not result.info.valid and "outside" in (result.info.reason or "")
+    assert result.observation == obs and not result.done
+
+
+async def test_every_task_of_the_suite_resets_and_steps_without_error(env: MiniWoBEnv) -> None:
+    names = suite_tasks()
+    for task in miniwob_tasks(names, "train", len(names)):
+        obs = await env.reset(task)
+        options = env.candidates(obs)
+        result = await env.step(options[0] if options else '{"action_type":"wait"}')
+        assert result.info.step == 1, task.id
