@@ -101,7 +101,8 @@ class ChildProcess:
 
     Stopping it signals the whole group, then kills any descendant that left the group (vLLM's engine runs in a
     session of its own under ``serve``). Unless detached, the child gets Linux's parent-death signal, so even a
-    SIGKILL of this process sends it SIGTERM.
+    SIGKILL of this process sends it SIGTERM; Linux sends it when the *thread* that started the child ends, so start
+    children from a thread that lives as long as they should (the main thread everywhere today).
 
     Args:
         name: what logs and messages call it (``serve``, ``collector-0``, ``kafka``...).
