@@ -24,37 +24,28 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import subprocess
 import sys
-import threading
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO
-
-import httpx
-from rich.console import Console, RenderableType
-from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from distrl_stream.config import Config
 from distrl_stream.errors import DistrlError, UpError
 from distrl_stream.events import MetricEvent, decode
+from distrl_stream.inference.client import served_name
+from distrl_stream.inference.server import wait_ready
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.model_dir import resolve_model_dir
-from distrl_stream.processes import die_with_parent, free_port, port_free, signal_group
+from distrl_stream.processes import ChildProcess, free_port, port_free
 
 log = logging.getLogger(__name__)
 
 # The port clients assume by default (kafka.bootstrap_servers = 127.0.0.1:9092): `up` takes it when it is free, so
 # `monitor`, `replay` and `topics` find the broker afterwards without any flag.
 DEFAULT_BROKER_PORT = 9092
-_LOG_TAIL_LINES = 25
 
 
 # Reports progress of a slow start: (stage, state) with state "start" | "done".
@@ -82,98 +73,6 @@ class UpOptions:
     startup_timeout_s: float = 600.0
     collector_stop_s: float = 60.0
     learner_stop_s: float = 180.0
-
-
-class ChildProcess:
-    """One role as a child process in its own process group, with its output in a log file.
-
-    Args:
-        name: role instance name (``serve``, ``learner``, ``collector-0``...).
-        argv: the command line.
-        env: its environment.
-        log_path: where stdout and stderr go (appended).
-    """
-
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path) -> None:
-        self.name = name
-        self.argv = argv
-        self.env = env
-        self.log_path = log_path
-        self.stopping = False
-        self._family: set[int] = set()
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
-
-    def start(self) -> None:
-        """Start the process (own session; SIGTERM to it if this process dies)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = self.log_path.open("ab")
-        self._log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(self.argv)}\n".encode())
-        self._log.flush()
-        self._proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-        )
-
-    @property
-    def pid(self) -> int | None:
-        """Process id (also its process group id)."""
-        return self._proc.pid if self._proc is not None else None
-
-    @property
-    def returncode(self) -> int | None:
-        """Exit code once it ended (negative: killed by that signal), else None."""
-        return self._proc.poll() if self._proc is not None else None
-
-    def running(self) -> bool:
-        """Whether it was started and has not exited."""
-        return self._proc is not None and self._proc.poll() is None
-
-    def terminate(self) -> None:
-        """Send SIGTERM to its process group once (a second signal means "hurry" to some roles: never repeat it)."""
-        if self._proc is None or self.stopping:
-            return
-        self.stopping = True
-        if self._proc.poll() is None:
-            # The tree is read first: a descendant in a session of its own is reparented once its parent exits.
-            self._family = descendants(self._proc.pid)
-            signal_group(self._proc.pid, signal.SIGTERM)
-
-    def stop(self, grace_s: float) -> int | None:
-        """:meth:`terminate`, wait up to ``grace_s``, then SIGKILL the group and every descendant seen.
-
-        Returns:
-            The exit code (None if it was never started).
-        """
-        if self._proc is None:
-            return None
-        self.terminate()
-        if self._proc.poll() is None:
-            try:
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                log.warning("%s ignored SIGTERM for %.0f s; killing it", self.name, grace_s)
-                self._family |= descendants(self._proc.pid)
-        signal_group(self._proc.pid, signal.SIGKILL)
-        self._proc.wait()
-        _kill_all(self._family)
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-        return self._proc.returncode
-
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
-        """The last lines of its log."""
-        try:
-            text = self.log_path.read_bytes()[-32 * 1024 :].decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -235,10 +134,10 @@ class LocalStack:
     # -- start -------------------------------------------------------------------------------------------------
 
     def start(self, stage: StageCallback | None = None) -> None:
-        """Bring everything up, in order; on failure everything started so far is stopped and UpError raised.
+        """Bring everything up, in order; on failure everything started so far is stopped and the error raised.
 
         Raises:
-            UpError: a part did not start (the message says which and ends with its log tail).
+            ServerStartError: the policy server did not start (the message ends with its log tail).
             DistrlError: the broker or the model could not be started or built.
         """
         stage = stage or (lambda _name, _state: None)
@@ -277,7 +176,8 @@ class LocalStack:
         )
         stage("vLLM server", "start")
         self.server = self._spawn("serve", ["serve", "--watch"])
-        self._wait_for_server()
+        base_model = served_name(self.cfg.model.policy_id, 0)
+        wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s)
         stage("vLLM server", "done")
         stage("learner", "start")
         self.learner = self._spawn("learner", ["learn"])
@@ -315,27 +215,6 @@ class LocalStack:
         child.start()
         log.info("%s started (pid %s), log %s", name, child.pid, child.log_path)
         return child
-
-    def _wait_for_server(self) -> None:
-        assert self.server is not None
-        deadline = time.monotonic() + self.options.startup_timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if not self.server.running():
-                    raise UpError(
-                        f"the policy server exited with code {self.server.returncode} while starting "
-                        f"(log {self.server.log_path}):\n{self.server.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.server_url}/v1/models").status_code == 200:
-                        return
-                if time.monotonic() > deadline:
-                    raise UpError(
-                        f"the policy server did not answer on {self.server_url} within "
-                        f"{self.options.startup_timeout_s:.0f} s (log {self.server.log_path}):\n"
-                        + self.server.log_tail()
-                    )
-                time.sleep(1.0)
 
     # -- run ---------------------------------------------------------------------------------------------------
 
@@ -444,159 +323,3 @@ class LocalStack:
                 elif event.role == "learner" and "updates" in event.values:
                     updates = max(updates or 0, int(event.values["updates"]))
         return sorted(served), updates
-
-
-@contextlib.contextmanager
-def signals_stop(handler: Callable[[], None]) -> Iterator[None]:
-    """Run ``handler`` on SIGTERM and SIGHUP while the block runs (``up`` stops in order, as on Ctrl-C)."""
-    previous = {sig: signal.signal(sig, lambda *_: handler()) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (from /proc; empty where /proc is not available)."""
-    children: dict[int, list[int]] = defaultdict(list)
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return set()
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # The command name (field 2) may contain spaces and parentheses: parse after its closing one.
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children[ppid].append(int(entry.name))
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _kill_all(pids: set[int]) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-
-
-class _Stages:
-    """Rich progress lines for the slow starts and the ordered stop (spinner, then a tick and the time taken)."""
-
-    def __init__(self, console: Console) -> None:
-        self.progress = Progress(
-            SpinnerColumn(finished_text="[green]✓[/]"),
-            TextColumn("{task.description}"),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        self._tasks: dict[str, TaskID] = {}
-
-    def __call__(self, name: str, state: str) -> None:
-        if state == "start":
-            self._tasks[name] = self.progress.add_task(name, total=1)
-        elif name in self._tasks:
-            self.progress.update(self._tasks[name], completed=1)
-
-    def __enter__(self) -> _Stages:
-        self.progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.progress.stop()
-
-
-def run_up(
-    cfg: Config,
-    options: UpOptions,
-    child_env: dict[str, str],
-    *,
-    duration_s: float | None = None,
-    monitor: bool = True,
-    report: bool = True,
-    console: Console | None = None,
-) -> UpSummary:
-    """Bring the run up, show the monitor until ``duration_s`` passes, Ctrl-C, SIGTERM or a role fails, then stop
-    everything in order and summarise.
-
-    Returns:
-        The summary; ``failure`` is set when a role died or the start failed.
-    """
-    console = console or Console()
-    stack = LocalStack(cfg, options, child_env)
-    stop = threading.Event()
-    failure: list[str] = []
-
-    def supervise() -> None:
-        deadline = time.monotonic() + duration_s if duration_s else None
-        while not stop.wait(1.0):
-            problem = stack.failure()
-            if problem is not None:
-                failure.append(problem)
-                stop.set()
-            elif deadline is not None and time.monotonic() >= deadline:
-                stop.set()
-
-    starting = threading.Event()
-
-    def on_signal() -> None:
-        stop.set()
-        if starting.is_set():
-            raise KeyboardInterrupt  # abort a start in progress (a vLLM start can take minutes) as Ctrl-C does
-
-    with signals_stop(on_signal):
-        try:
-            starting.set()
-            with _Stages(console) as stages:
-                stack.start(stages)
-            starting.clear()
-            threading.Thread(target=supervise, name="up-supervisor", daemon=True).start()
-            if monitor:
-                from distrl_stream.monitor.live import watch
-
-                watch(stack.cfg, stop, console=console, footer=lambda: process_table(stack, duration_s))
-            else:
-                console.print(f"run {stack.cfg.run} is up; stop with Ctrl-C", highlight=False)
-                stop.wait()
-        except KeyboardInterrupt:
-            pass
-        except DistrlError as exc:
-            failure.append(str(exc))
-        finally:
-            starting.clear()
-            # A second Ctrl-C while stopping kills what is left at once instead of aborting the cleanup.
-            previous = signal.signal(signal.SIGINT, lambda *_: stack.kill())
-            try:
-                with _Stages(console) as stages:
-                    stages("stopping", "start")
-                    codes = stack.stop(stages)
-                    stages("stopping", "done")
-                summary = stack.summarize(codes, "\n".join(failure) or None, report)
-                stack.stop_broker()
-            finally:
-                stack.kill()
-                signal.signal(signal.SIGINT, previous)
-    return summary
-
-
-def process_table(stack: LocalStack, duration_s: float | None) -> RenderableType:
-    """The processes of `up` (name, pid, state, log) and how long the run has gone, for under the dashboard."""
-    table = Table("process", "pid", "state", "log", box=None, pad_edge=False, title_justify="left")
-    for child in stack.children():
-        code = child.returncode
-        state = "[green]running[/]" if code is None else f"[red]exited {code}[/]" if code else "exited 0"
-        table.add_row(child.name, str(child.pid), state, str(child.log_path))
-    if stack.started_at is not None:
-        ran = time.monotonic() - stack.started_at
-        left = f", {max(0.0, duration_s - ran):.0f} s left" if duration_s else ", Ctrl-C stops everything in order"
-        table.title = f"up for {ran:.0f} s{left}"
-    return table

@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
+import time
+from collections import defaultdict
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 40
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,3 +50,155 @@ def signal_group(pgid: int | None, sig: signal.Signals) -> None:
     if pgid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(fh.tell() - 64 * 1024, 0))
+            text = fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc; empty where /proc is not available)."""
+    children: dict[int, list[int]] = defaultdict(list)
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return set()
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # exited while we looked
+        # The command name (field 2) may contain spaces and parentheses: parse after its closing one.
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children[ppid].append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _kill_all(pids: set[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+class ChildProcess:
+    """A command run as a child in a process group of its own, its stdout and stderr appended to a log file.
+
+    Stopping it signals the whole group, then kills any descendant that left the group (vLLM's engine runs in a
+    session of its own under ``serve``). Unless detached, the child gets Linux's parent-death signal, so even a
+    SIGKILL of this process sends it SIGTERM; Linux sends it when the *thread* that started the child ends, so start
+    children from a thread that lives as long as they should (the main thread everywhere today).
+
+    Args:
+        name: what logs and messages call it (``serve``, ``collector-0``, ``kafka``...).
+        argv: the command line.
+        env: its environment (None: ours).
+        log_path: where its output goes (appended, after a header line with the command).
+        cwd: its working directory (None: ours).
+        detach: let it outlive this process (no parent-death signal).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        env: Mapping[str, str] | None,
+        log_path: Path,
+        *,
+        cwd: Path | None = None,
+        detach: bool = False,
+    ) -> None:
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.log_path = log_path
+        self.cwd = cwd
+        self.detach = detach
+        self.stopping = False
+        self._family: set[int] = set()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process in a session of its own (so no terminal signal such as Ctrl-C reaches it)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("ab")
+        self._log.write(f"\n=== starting: {' '.join(self.argv)} (at {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())
+        self._log.flush()
+        self._proc = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=None if self.detach else die_with_parent,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """Process id (also its process group id), None before :meth:`start`."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit code once it ended (negative: killed by that signal), else None."""
+        return self._proc.poll() if self._proc is not None else None
+
+    def running(self) -> bool:
+        """Whether it was started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def terminate(self) -> None:
+        """Send SIGTERM to its process group once (a second signal means "hurry" to some roles: never repeat it)."""
+        if self._proc is None or self.stopping:
+            return
+        self.stopping = True
+        if self._proc.poll() is None:
+            # The tree is read first: a descendant in a session of its own is reparented once its parent exits.
+            self._family = descendants(self._proc.pid)
+            signal_group(self._proc.pid, signal.SIGTERM)
+
+    def stop(self, grace_s: float) -> int | None:
+        """:meth:`terminate`, wait up to ``grace_s``, then SIGKILL the group and every descendant seen.
+
+        Returns:
+            The exit code (None if it was never started).
+        """
+        if self._proc is None:
+            return None
+        self.terminate()
+        if self._proc.poll() is None:
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) ignored SIGTERM for %.0f s; killing it", self.name, self._proc.pid, grace_s)
+                self._family |= descendants(self._proc.pid)
+        # The leader may be gone while children linger in its group: kill the group regardless.
+        signal_group(self._proc.pid, signal.SIGKILL)
+        self._proc.wait()
+        _kill_all(self._family)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+        return self._proc.returncode
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last lines of its log."""
+        return log_tail(self.log_path, lines)

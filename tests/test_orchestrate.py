@@ -15,8 +15,10 @@ from pathlib import Path
 
 from rich.console import Console
 
+from distrl_stream.cli.up_ui import process_table
 from distrl_stream.config import load_config
-from distrl_stream.orchestrate import ChildProcess, LocalStack, UpOptions, descendants, process_table
+from distrl_stream.orchestrate import LocalStack, UpOptions
+from distrl_stream.processes import ChildProcess, descendants
 
 # A child that starts a grandchild in a session of its own (as `serve` does with vLLM), prints its pid, and waits.
 FAMILY = textwrap.dedent(
@@ -81,7 +83,7 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
         f"""
         import os, sys, time
         from pathlib import Path
-        from distrl_stream.orchestrate import ChildProcess
+        from distrl_stream.processes import ChildProcess
         child = ChildProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(300)"], dict(os.environ),
                              Path({str(tmp_path / "sleeper.log")!r}))
         child.start()

@@ -23,6 +23,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,9 @@ from fastavro.schema import parse_schema, to_parsing_canonical_form
 
 from distrl_stream.errors import SchemaStoreError
 
-# The repository's schemas/ folder (the package is installed editable from the repository).
-DEFAULT_SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
 MANIFEST = "ids.json"
+# The repository's schemas/ folder, installed as the package distrl_stream.schemas (pyproject's package-dir).
+DEFAULT_SCHEMA_DIR = Path(str(files("distrl_stream.schemas")))
 
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 
@@ -76,7 +77,7 @@ class SchemaStore:
 
     @classmethod
     def load(cls, directory: Path | None = None) -> SchemaStore:
-        """Load and verify a schema folder (default: the repository's ``schemas/``).
+        """Load and verify a schema folder (default: the ``schemas/`` shipped in the package).
 
         Raises:
             SchemaStoreError: a file is missing or unparsable, an id or version is duplicated, or a schema no longer
@@ -129,7 +130,7 @@ class SchemaStore:
 
 @cache
 def default_store() -> SchemaStore:
-    """The store of the repository's ``schemas/`` folder, loaded once per process."""
+    """The store of the ``schemas/`` shipped in the package, loaded once per process."""
     return SchemaStore.load()
 
 

@@ -6,21 +6,19 @@ the structured-output mask: the behaviour policy μ the learner must reproduce),
 generation defaults ignored (``--generation-config vllm``: a Qwen instruct model's top_p/top_k/repetition penalty
 would otherwise change μ behind the learner's back). The base model is served as ``<policy_id>-v0``.
 
-The child runs in its own session, so stopping it signals the whole process group: vLLM's engine-core and worker
-processes never outlive :meth:`InferenceServer.stop`.
+The child is a :class:`~distrl_stream.processes.ChildProcess`: stopping it signals its whole process group, so vLLM's
+engine-core and worker processes never outlive :meth:`InferenceServer.stop`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Self
+from typing import Self
 
 import httpx
 
@@ -28,13 +26,12 @@ from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
 from distrl_stream.inference.client import served_name
 from distrl_stream.policy.model_dir import resolve_model_dir
-from distrl_stream.processes import free_port, signal_group
+from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail
 
 log = logging.getLogger(__name__)
 
 # vLLM on CPU reserves 92% of RAM for the KV cache unless told otherwise (docs/design.md §8).
 _CPU_MEMORY_UTILIZATION = "0.2"
-_LOG_TAIL_LINES = 40
 
 
 def unload_all_adapters(server_url: str, timeout_s: float = 60.0) -> None:
@@ -82,8 +79,7 @@ class InferenceServer:
         self.host = inference.host
         self.port = inference.port
         self.device = "gpu" if inference.device == "gpu" or (inference.device == "auto" and cuda_available()) else "cpu"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log_fh: IO[bytes] | None = None
+        self._process: ChildProcess | None = None
 
     @classmethod
     def from_config(cls, cfg: Config) -> InferenceServer:
@@ -104,7 +100,7 @@ class InferenceServer:
     @property
     def pid(self) -> int | None:
         """Process id of the server (also its process-group id), or None when not running."""
-        return self._proc.pid if self._proc is not None else None
+        return self._process.pid if self._process is not None else None
 
     def command(self) -> list[str]:
         """The server's command line."""
@@ -160,91 +156,34 @@ class InferenceServer:
             ServerStartError: the process exited or did not become ready within ``startup_timeout_s``; the
                 message ends with the tail of the log. The process group is stopped before raising.
         """
-        if self._proc is not None:
-            raise ServerStartError(f"server already started (pid {self._proc.pid})")
+        if self._process is not None:
+            raise ServerStartError(f"server already started (pid {self._process.pid})")
         if self.port == 0:
             self.port = free_port(self.host)
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_fh = self.log_path.open("ab")
-        self._log_fh.write(f"\n=== starting: {' '.join(self.command())}\n".encode())
-        self._log_fh.flush()
-        self._proc = subprocess.Popen(
-            self.command(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log_fh,
-            stderr=subprocess.STDOUT,
-            env=self.environment(),
-            # Own session = own process group: stop() signals vLLM's engine and worker processes too.
-            start_new_session=True,
+        self._process = ChildProcess("vLLM server", self.command(), self.environment(), self.log_path)
+        self._process.start()
+        log.info(
+            "vLLM server pid %d on %s (device %s), log %s", self._process.pid, self.url, self.device, self.log_path
         )
-        log.info("vLLM server pid %d on %s (device %s), log %s", self._proc.pid, self.url, self.device, self.log_path)
         try:
-            self.wait_ready(self.inference.startup_timeout_s)
+            wait_ready(self.url, self.base_name, self._process, self.inference.startup_timeout_s)
         except BaseException:
             self.stop()
             raise
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Poll ``/v1/models`` until it lists the base model, the process dies, or ``timeout_s`` passes.
-
-        Raises:
-            ServerStartError: with the log tail.
-        """
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if self._proc is not None and self._proc.poll() is not None:
-                    raise ServerStartError(
-                        f"vLLM server exited with code {self._proc.returncode} while starting (log: {self.log_path})",
-                        self.log_tail(),
-                    )
-                try:
-                    response = client.get(f"{self.url}/v1/models")
-                    if response.status_code == 200 and any(
-                        m.get("id") == self.base_name for m in response.json().get("data", [])
-                    ):
-                        return
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                if time.monotonic() >= deadline:
-                    raise ServerStartError(
-                        f"vLLM server not ready on {self.url} after {timeout_s:.0f}s (log: {self.log_path})",
-                        self.log_tail(),
-                    )
-                time.sleep(0.5)
-
     def running(self) -> bool:
         """Whether the server process is alive."""
-        return self._proc is not None and self._proc.poll() is None
+        return self._process is not None and self._process.running()
 
     def stop(self) -> None:
         """SIGTERM the process group, wait ``stop_timeout_s``, then SIGKILL whatever is left. Idempotent."""
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            signal_group(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.inference.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                log.warning(
-                    "vLLM server %d ignored SIGTERM for %.0fs; killing it", proc.pid, self.inference.stop_timeout_s
-                )
-            # The leader may be gone while engine/worker children linger: kill the whole group regardless.
-            signal_group(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if self._log_fh is not None:
-            self._log_fh.close()
-            self._log_fh = None
+        process, self._process = self._process, None
+        if process is not None:
+            process.stop(self.inference.stop_timeout_s)
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last ``lines`` lines of the server log."""
-        try:
-            with self.log_path.open("rb") as fh:
-                fh.seek(0, os.SEEK_END)
-                fh.seek(max(fh.tell() - 64 * 1024, 0))
-                text = fh.read().decode(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> Self:
         self.start()
@@ -252,3 +191,39 @@ class InferenceServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def wait_ready(url: str, model_name: str, process: ChildProcess, timeout_s: float) -> None:
+    """Poll ``url``'s ``/v1/models`` until it lists ``model_name``, ``process`` exits, or ``timeout_s`` passes.
+
+    Args:
+        url: the server's base URL.
+        model_name: the served name to wait for (the base model's).
+        process: the process that serves it (a vLLM server, or ``distrl-stream serve`` under ``up``).
+        timeout_s: how long to wait.
+
+    Raises:
+        ServerStartError: with the tail of the process's log.
+    """
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            if not process.running():
+                raise ServerStartError(
+                    f"{process.name} exited with code {process.returncode} while starting (log: {process.log_path})",
+                    process.log_tail(),
+                )
+            try:
+                response = client.get(f"{url}/v1/models")
+                if response.status_code == 200 and any(
+                    m.get("id") == model_name for m in response.json().get("data", [])
+                ):
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            if time.monotonic() >= deadline:
+                raise ServerStartError(
+                    f"{process.name} not ready on {url} after {timeout_s:.0f}s (log: {process.log_path})",
+                    process.log_tail(),
+                )
+            time.sleep(0.5)

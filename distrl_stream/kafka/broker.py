@@ -38,12 +38,11 @@ from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import BrokerError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.install import find_kafka_home, installation_name
-from distrl_stream.processes import die_with_parent, free_port, port_free
+from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail, port_free
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "broker.json"
-_LOG_TAIL_LINES = 40
 _START_ATTEMPTS = 3  # a freshly picked free port can be taken by someone else before the JVM binds it
 
 
@@ -106,7 +105,7 @@ class EmbeddedBroker:
         self.heap_mb = heap_mb
         self.startup_timeout_s = startup_timeout_s
         self.properties = dict(properties or {})
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: ChildProcess | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> EmbeddedBroker:
@@ -213,15 +212,10 @@ class EmbeddedBroker:
             self._terminate(state, timeout_s)
             return True
 
-    def log_tail(self, lines: int = _LOG_TAIL_LINES) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         """The last lines of the JVM's output and of the broker log."""
-        parts = []
-        for path in (self.run_dir / "logs" / "jvm.out", self.log_file):
-            if path.is_file():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                if text:
-                    parts.append(f"[{path.name}]\n" + "\n".join(text))
-        return "\n".join(parts)
+        tails = ((path.name, log_tail(path, lines)) for path in (self.run_dir / "logs" / "jvm.out", self.log_file))
+        return "\n".join(f"[{name}]\n{text}" for name, text in tails if text)
 
     def __enter__(self) -> EmbeddedBroker:
         self.start()
@@ -277,21 +271,14 @@ class EmbeddedBroker:
             f"{home / 'libs'}/*",
         ]
 
-    def _launch(self, java: str, home: Path, detach: bool) -> subprocess.Popen[bytes]:
+    def _launch(self, java: str, home: Path, detach: bool) -> ChildProcess:
         cmd = [java, *self._jvm_flags(home, self.heap_mb), "kafka.Kafka", str(self.run_dir / "server.properties")]
-        with (self.run_dir / "logs" / "jvm.out").open("ab") as out:
-            self._process = subprocess.Popen(
-                cmd,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=self.run_dir,
-                start_new_session=detach,  # detached: no terminal signal (Ctrl-C) reaches it
-                preexec_fn=None if detach else die_with_parent,
-            )
+        jvm_out = self.run_dir / "logs" / "jvm.out"
+        self._process = ChildProcess("broker", cmd, None, jvm_out, cwd=self.run_dir, detach=detach)
+        self._process.start()
         return self._process
 
-    def _wait_until_ready(self, state: BrokerState, process: subprocess.Popen[bytes]) -> None:
+    def _wait_until_ready(self, state: BrokerState, process: ChildProcess) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         # Not the user's kafka.client settings: the embedded broker is plaintext on loopback.
         admin = Admin(
@@ -299,7 +286,7 @@ class EmbeddedBroker:
             overrides={"reconnect.backoff.max.ms": 200, "log_level": 0},  # silent while the JVM boots
         )
         while True:
-            code = process.poll()
+            code = process.returncode
             if code is not None:
                 raise BrokerError(f"the broker exited with code {code} while starting", self.log_tail())
             try:
@@ -315,28 +302,26 @@ class EmbeddedBroker:
 
     def _terminate(self, state: BrokerState, timeout_s: float) -> None:
         assert state.pid is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(state.pid, signal.SIGTERM)
-        if not self._wait_gone(state.pid, timeout_s):
-            log.warning("broker pid %d ignored SIGTERM for %.0f s; killing it", state.pid, timeout_s)
+        if self._process is not None and self._process.pid == state.pid:
+            self._process.stop(timeout_s)
+        else:
+            # Another process's broker (`kafka start` detached it): all there is to go on is its pid.
             with contextlib.suppress(ProcessLookupError):
-                os.kill(state.pid, signal.SIGKILL)
-            self._wait_gone(state.pid, 10.0)
+                os.kill(state.pid, signal.SIGTERM)
+            if not self._wait_gone(state.pid, timeout_s):
+                log.warning("broker pid %d ignored SIGTERM for %.0f s; killing it", state.pid, timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(state.pid, signal.SIGKILL)
+                self._wait_gone(state.pid, 10.0)
         self._write_state(BrokerState(**{**asdict(state), "pid": None}))
         self._process = None
 
     def _wait_gone(self, pid: int, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._process is not None and self._process.pid == pid:
-                try:
-                    self._process.wait(timeout=0.1)
-                    return True
-                except subprocess.TimeoutExpired:
-                    continue
             if not self._alive(pid):
                 return True
-            time.sleep(0.1)  # another process's child: nothing to wait on but its /proc entry
+            time.sleep(0.1)  # not our child: nothing to wait on but its /proc entry
         return not self._alive(pid)
 
     def _alive(self, pid: int) -> bool:

@@ -20,8 +20,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-# The scripts live beside the package in a source checkout (the package is installed editable).
-DEFAULT_BENCH_DIR = Path(__file__).resolve().parents[2] / "bench"
+# The scripts live beside cli/ in a source checkout; a wheel does not ship them.
+DEFAULT_BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
 
 BenchDirOption = Annotated[Path, typer.Option("--dir", help="Folder holding the benchmark scripts.", file_okay=False)]
 

@@ -78,7 +78,8 @@ def up(
         "model": {"base": model, "size": size},
     }
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
-    from distrl_stream.orchestrate import UpOptions, run_up  # process management and Kafka: not for --help
+    from distrl_stream.cli.up_ui import run_up  # process management and Kafka: not for --help
+    from distrl_stream.orchestrate import UpOptions
 
     external = cfg.kafka.bootstrap_servers != KafkaConfig.model_fields["bootstrap_servers"].default
     options = UpOptions(
