@@ -15,9 +15,9 @@ from datetime import datetime
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import ConfigError, EventDecodeError
 from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, from_epoch_ms
-from distrl_stream.events.registry import use_schemas
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
 
 # (records read so far, records expected in all or None when a time range makes the total unknown up front)

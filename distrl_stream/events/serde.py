@@ -130,7 +130,7 @@ _default: Serde | None = None
 
 def default_serde() -> Serde:
     """The process-wide serde: the static ids of the repository's schema store, unless a role's start-up installed
-    a registry-backed one (:func:`~distrl_stream.events.registry.use_schemas`)."""
+    a registry-backed one (:func:`~distrl_stream.kafka.registry.use_schemas`)."""
     global _default
     if _default is None:
         _default = Serde()

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.events import EVENT_TYPES, DeadLetter, Event, MetricEvent, TrajectoryEvent, WeightVersionEvent
-from distrl_stream.events.registry import RegistrySerde, use_schemas
 from distrl_stream.kafka.admin import Admin, TopicSpec
 from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES
+from distrl_stream.kafka.registry import RegistrySerde, use_schemas
 
 TOPIC_KINDS = ("trajectories", "weights", "metrics", "dlq")
 

@@ -14,10 +14,10 @@ from datetime import timedelta
 from distrl_stream.config import Config
 from distrl_stream.errors import EventDecodeError, KafkaClientError
 from distrl_stream.events import MetricEvent, utc_now
-from distrl_stream.events.registry import use_schemas
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.follower import TopicFollower
+from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.monitor.state import MonitorState
 

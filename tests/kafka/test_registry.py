@@ -27,7 +27,7 @@ from distrl_stream.errors import (
     RegistryUnavailableError,
 )
 from distrl_stream.events import EVENT_TYPES, MetricEvent, Serde, TrajectoryEvent, default_serde, default_store
-from distrl_stream.events.registry import RegistrySerde, check_backward_transitive, subject_name, use_schemas
+from distrl_stream.kafka.registry import RegistrySerde, check_backward_transitive, subject_name, use_schemas
 from distrl_stream.testing.samples import sample_dead_letter, sample_metric, sample_trajectory, sample_weight_version
 from tests.fixtures.registry import MockRegistry
 
@@ -180,7 +180,7 @@ def closed_port() -> int:
 
 
 def test_an_unreachable_registry_is_one_line_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("distrl_stream.events.registry._serdes", {})
+    monkeypatch.setattr("distrl_stream.kafka.registry._serdes", {})
     monkeypatch.setattr("distrl_stream.events.serde._default", default_serde())
     url = f"http://127.0.0.1:{closed_port()}"
     start = time.monotonic()
@@ -227,7 +227,7 @@ class RecordingRegistry(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def recording_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setattr("distrl_stream.events.registry._serdes", {})
+    monkeypatch.setattr("distrl_stream.kafka.registry._serdes", {})
     monkeypatch.setattr("distrl_stream.events.serde._default", default_serde())
     RecordingRegistry.seen = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingRegistry)
