@@ -41,6 +41,22 @@ class EventDecodeError(DistrlError):
         self.schema_id = schema_id
 
 
+class RegistryError(DistrlError):
+    """The Schema Registry (``kafka.schema_registry_url``) refused a request or answered nonsense."""
+
+
+class RegistryUnavailableError(RegistryError):
+    """The Schema Registry could not be reached within the client's timeout and retries."""
+
+
+class IncompatibleSchemaError(RegistryError):
+    """An event schema would break its subject's BACKWARD_TRANSITIVE compatibility; ``subject`` names it."""
+
+    def __init__(self, subject: str, message: str) -> None:
+        super().__init__(f"{subject}: {message}")
+        self.subject = subject
+
+
 class KafkaClientError(DistrlError):
     """A Kafka client failed: invalid client configuration, undeliverable messages, a failed admin operation."""
 

@@ -288,7 +288,7 @@ class EventConsumer(Generic[E]):
         dead_letters: where undecodable records go; None for a read-only observer, which only counts them
             (:attr:`undecodable`) and leaves dead-lettering to the role that owns the topic.
         expect: the event type this reader handles; other event types are dead-lettered as ``unexpected type``.
-        serde: event serde (default: the process-wide one).
+        serde: event serde (default: the process-wide one when decoding, which a role's start-up may have set).
     """
 
     def __init__(
@@ -303,7 +303,7 @@ class EventConsumer(Generic[E]):
         self.dead_letters = dead_letters
         self.undecodable = 0
         self._expect = expect
-        self._serde = serde or default_serde()
+        self._serde = serde
 
     def poll(self, timeout_s: float = 1.0) -> Received[E] | None:
         """The next decodable event, or None when none arrived within ``timeout_s``."""
@@ -313,7 +313,7 @@ class EventConsumer(Generic[E]):
             if msg is None:
                 return None
             try:
-                return Received(self._serde.decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
+                return Received((self._serde or default_serde()).decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
             except EventDecodeError as exc:
                 # Then go on: past the deadline the next poll waits no more, but still returns a buffered record.
                 self.undecodable += 1
