@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -13,6 +14,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetS
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import KafkaClientError
 from distrl_stream.kafka.client import build_client, client_config, login_watch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,9 @@ class Admin:
     ) -> None:
         self.kafka = kafka
         self.timeout_s = timeout_s
-        self.config = client_config(kafka, {"client.id": "distrl-admin"}, overrides)
+        # Every wait ends in a typed error that says what failed, so the errors it polls on the way are only debug.
+        defaults = {"client.id": "distrl-admin", "error_cb": lambda err: log.debug("admin client: %s", err.str())}
+        self.config = client_config(kafka, defaults, overrides)
         self._login = login_watch(self.config)
         self._client: AdminClient | None = None
 
