@@ -354,6 +354,11 @@ class InferenceConfig(Section):
     url: str | None = Field(
         None, description="Base URL of an already running server (e.g. http://gpu-host:8000); overrides host/port."
     )
+    api_key: SecretStr | None = Field(
+        None,
+        description="Key the server requires on every /v1 request (vLLM --api-key) and every client sends as "
+        "`Authorization: Bearer`. Env: DISTRL_INFERENCE__API_KEY. Kept masked: `config show` prints **********.",
+    )
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (docs/design.md §8)."
     )

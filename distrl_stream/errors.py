@@ -61,6 +61,11 @@ class KafkaClientError(DistrlError):
     """A Kafka client failed: invalid client configuration, undeliverable messages, a failed admin operation."""
 
 
+class KafkaAuthenticationError(KafkaClientError):
+    """The cluster refused the client's credentials or TLS handshake (wrong password, untrusted certificate):
+    retrying with the same settings cannot succeed. The message names the user and address, never the secret."""
+
+
 class RecordRejectedError(KafkaClientError):
     """The producer refused to queue one record (too large, unknown topic or partition); the producer itself is
     fine, so the caller may go on with the next record."""
