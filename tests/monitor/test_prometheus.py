@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -161,18 +162,21 @@ def test_close_stops_serving_and_none_serves_nothing(served: list[RoleMetrics]) 
         httpx.get(f"http://{address}/metrics", timeout=5.0)
 
 
-def test_tensorboard_scalars_or_one_line_naming_the_field(tmp_path: Path) -> None:
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:
-        with pytest.raises(ConfigError, match=r"^learner\.tensorboard_dir: needs the tensorboard package"):
-            scalar_writer(tmp_path / "tb", "learner.tensorboard_dir")
-        return
+def test_tensorboard_dir_without_the_package_is_one_line_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # as if tensorboard were not installed
+    with pytest.raises(ConfigError, match=r"^learner\.tensorboard_dir: needs the tensorboard package"):
+        scalar_writer(tmp_path / "tb", "learner.tensorboard_dir")
+
+
+def test_tensorboard_scalars_are_written_at_the_step(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the optional `tensorboard` extra")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     writer = scalar_writer(tmp_path / "tb", "learner.tensorboard_dir")
     writer.add_scalars({"loss_policy": 0.5}, 3)
     writer.close()
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("learner/loss_policy")] == [(3, 0.5)]
