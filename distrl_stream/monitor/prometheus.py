@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from distrl_stream.errors import ConfigError
+from distrl_stream.events import Termination
 
 if TYPE_CHECKING:  # the roles import this module; it only reads their objects
     from distrl_stream.collector.stats import CollectorStats
@@ -177,7 +178,10 @@ class CollectorMetrics(RoleMetrics):
         self._recent: deque[bool] = deque(maxlen=SUCCESS_WINDOW_EPISODES)
         p = "distrl_collector"
         self.counter(
-            f"{p}_episodes", "Episodes ended, by termination.", lambda: dict(stats.by_termination), "termination"
+            f"{p}_episodes",
+            "Episodes ended, by termination.",
+            lambda: {t.value: stats.by_termination[t.value] for t in Termination if t is not Termination.ABANDONED},
+            "termination",
         )
         self.counter(
             f"{p}_successes", "Episodes the environment judged successful.", lambda: stats.by_termination["success"]

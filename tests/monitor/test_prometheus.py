@@ -59,6 +59,7 @@ def test_collector_counts_are_read_from_its_stats_at_scrape_time(served: list[Ro
     assert value(samples, "distrl_collector_steps_total", **IDENTITY) == 3
     assert value(samples, "distrl_collector_episodes_total", termination="success") == 1
     assert value(samples, "distrl_collector_episodes_total", termination="truncated") == 1
+    assert value(samples, "distrl_collector_episodes_total", termination="env_error") == 0  # every one, from 0
     assert value(samples, "distrl_collector_successes_total") == 1
     assert value(samples, "distrl_collector_trajectories_published_total") == 2
     assert value(samples, "distrl_collector_trajectories_delivered_total") == 1
