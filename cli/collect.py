@@ -36,6 +36,7 @@ def collect(
         float | None, field_option("collector.metrics_interval_s", "--metrics-interval")
     ] = None,
     latency: Annotated[str | None, field_option("env.latency", "--latency")] = None,
+    metrics_port: Annotated[int | None, field_option("collector.metrics_port", "--metrics-port", min=0)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the final report as JSON instead of a line.")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging.")] = False,
 ) -> None:
@@ -63,6 +64,7 @@ def collect(
             "max_episodes": episodes,
             "duration_s": duration,
             "metrics_interval_s": metrics_interval,
+            "metrics_port": metrics_port,
         },
     )
     logging.basicConfig(

@@ -48,6 +48,8 @@ def learn(
         int | None, field_option("learner.checkpoint_interval_updates", "--checkpoint-interval")
     ] = None,
     threads: Annotated[int | None, field_option("learner.threads", "--threads")] = None,
+    metrics_port: Annotated[int | None, field_option("learner.metrics_port", "--metrics-port", min=0)] = None,
+    tensorboard_dir: Annotated[Path | None, field_option("learner.tensorboard_dir", "--tensorboard-dir")] = None,
     from_replay: Annotated[
         str | None,
         typer.Option(
@@ -91,6 +93,8 @@ def learn(
             "max_updates": max_updates,
             "checkpoint_interval_updates": checkpoint_interval,
             "threads": threads,
+            "metrics_port": metrics_port,
+            "tensorboard_dir": tensorboard_dir,
         },
     }
     cfg = build_config(config, **overrides)

@@ -28,6 +28,7 @@ def serve(
     port: Annotated[int | None, field_option("inference.port", "--port", min=0, help="0: pick a free one.")] = None,
     device: Annotated[str | None, field_option("inference.device", "--device")] = None,
     watch: Annotated[bool | None, field_option("inference.watch_weights", "--watch/--no-watch")] = None,
+    metrics_port: Annotated[int | None, field_option("inference.metrics_port", "--metrics-port", min=0)] = None,
     bootstrap: BootstrapOption = None,
 ) -> None:
     """Serve the policy with vLLM (OpenAI API) until interrupted; new weight versions are loaded as they appear."""
@@ -36,7 +37,13 @@ def serve(
         "data_dir": data_dir,
         "kafka": {"bootstrap_servers": bootstrap},
         "model": {"base": model},
-        "inference": {"host": host, "port": port, "device": device, "watch_weights": watch},
+        "inference": {
+            "host": host,
+            "port": port,
+            "device": device,
+            "watch_weights": watch,
+            "metrics_port": metrics_port,
+        },
     }
     cfg = build_config(config, **overrides)
     from distrl_stream.inference.server import InferenceServer  # keeps `--help` free of heavy imports

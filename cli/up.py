@@ -57,6 +57,16 @@ def up(
     report: Annotated[
         bool, typer.Option("--report/--no-report", help="Write the replay report (plots) when the run ends.")
     ] = True,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            help="Serve up's own Prometheus metrics on this port (0: a free one) and give every child a free metrics "
+            "port of its own; the scrape targets are printed and written to RUN_DIR/prometheus-targets.json.",
+            show_default="none: no metrics",
+        ),
+    ] = None,
     startup_timeout: Annotated[
         float | None, field_option("inference.startup_timeout_s", "--startup-timeout", min=1)
     ] = None,
@@ -90,6 +100,7 @@ def up(
         # The server's own deadline (same setting) fails first, with vLLM's log: this one is only a backstop.
         startup_timeout_s=cfg.inference.startup_timeout_s + 60.0,
         collector_stop_s=cfg.collector.shutdown_grace_s + cfg.collector.flush_timeout_s + 15.0,
+        metrics_port=metrics_port,
     )
     summary = run_up(cfg, options, _environment(flags), duration_s=duration or None, monitor=monitor, report=report)
     typer.echo(_summary_text(summary, keep_broker=keep_broker, external=external))

@@ -103,6 +103,8 @@ def run_up(
                 stack.start(stages)
             starting.clear()
             threading.Thread(target=supervise, name="up-supervisor", daemon=True).start()
+            if stack.metrics_targets:
+                console.print(scrape_targets(stack))
             if monitor:
                 from distrl_stream.monitor.live import watch
 
@@ -131,13 +133,28 @@ def run_up(
     return summary
 
 
+def scrape_targets(stack: LocalStack) -> Table:
+    """The Prometheus endpoints of `up` and its children, and the file_sd file that lists them."""
+    table = Table("process", "metrics", box=None, pad_edge=False, title_justify="left")
+    for name, address in stack.metrics_targets.items():
+        table.add_row(name, f"http://{address}/metrics")
+    table.title = f"Prometheus scrape targets (file_sd: {stack.cfg.run_dir / 'prometheus-targets.json'})"
+    return table
+
+
 def process_table(stack: LocalStack, duration_s: float | None) -> RenderableType:
-    """The processes of `up` (name, pid, state, log) and how long the run has gone, for under the dashboard."""
+    """The processes of `up` (name, pid, state, log, metrics endpoint) and how long the run has gone, for under the
+    dashboard."""
     table = Table("process", "pid", "state", "log", box=None, pad_edge=False, title_justify="left")
+    if stack.metrics_targets:
+        table.add_column("metrics")
     for child in stack.children():
         code = child.returncode
         state = "[green]running[/]" if code is None else f"[red]exited {code}[/]" if code else "exited 0"
-        table.add_row(child.name, str(child.pid), state, str(child.log_path))
+        row = [child.name, str(child.pid), state, str(child.log_path)]
+        if stack.metrics_targets:
+            row.append(stack.metrics_targets.get(child.name, "-"))
+        table.add_row(*row)
     if stack.started_at is not None:
         ran = time.monotonic() - stack.started_at
         left = f", {max(0.0, duration_s - ran):.0f} s left" if duration_s else ", Ctrl-C stops everything in order"

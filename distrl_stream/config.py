@@ -307,6 +307,18 @@ class LearnerConfig(Section):
         "across restarts.",
     )
     threads: int = Field(0, ge=0, description="torch CPU threads of the learner (0: torch's default).")
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve the learner's Prometheus metrics at /metrics on this port, on all "
+        "interfaces (0: a free port, logged; None: off). docs/monitor.md lists the metrics.",
+    )
+    tensorboard_dir: Path | None = Field(
+        None,
+        description="Also write the learner's metrics as TensorBoard scalars into this folder (needs the tensorboard "
+        "package: the `tensorboard` extra). None: off.",
+    )
 
 
 class ModelConfig(Section):
@@ -396,6 +408,13 @@ class InferenceConfig(Section):
     max_connections: int = Field(64, ge=1, description="Concurrent HTTP connections of one client.")
     version_poll_s: float = Field(
         2.0, gt=0, description="How often a client re-reads /v1/models to switch to the newest loaded version."
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve the weight watcher's (inside `serve`) Prometheus metrics at /metrics on this port, on all "
+        "interfaces (0: a free port, logged; None: off). docs/monitor.md lists the metrics.",
     )
 
     @property
@@ -545,6 +564,13 @@ class CollectorConfig(Section):
     )
     duration_s: float | None = Field(
         None, gt=0.0, description="Stop as on SIGTERM after this many seconds. None: until stopped."
+    )
+    metrics_port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description="Serve the collector's Prometheus metrics at /metrics on this port, on all "
+        "interfaces (0: a free port, logged; None: off). docs/monitor.md lists the metrics.",
     )
 
 

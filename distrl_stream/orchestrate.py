@@ -38,6 +38,7 @@ from distrl_stream.inference.server import wait_ready
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.monitor.prometheus import UpMetrics
 from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import ChildProcess, free_port, port_free
 
@@ -64,6 +65,9 @@ class UpOptions:
         startup_timeout_s: bound on the vLLM server's start.
         collector_stop_s: how long collectors get after SIGTERM (their shutdown grace plus the flush).
         learner_stop_s: how long the learner gets after SIGTERM to write its final checkpoint.
+        metrics_port: ``up``'s own Prometheus port (0: a free one). When set, every child also serves its metrics,
+            each on a free port of its own (a fixed port could not be shared by N collectors); None: no metrics
+            from ``up`` (the children then follow their own ``metrics_port`` fields).
     """
 
     collectors: int = 2
@@ -73,6 +77,7 @@ class UpOptions:
     startup_timeout_s: float = 600.0
     collector_stop_s: float = 60.0
     learner_stop_s: float = 180.0
+    metrics_port: int | None = None
 
 
 @dataclass
@@ -130,6 +135,13 @@ class LocalStack:
         self.started_at: float | None = None
         self._broker_was_running = False
         self._kafka_ready = False
+        # Process name -> host:port of its Prometheus endpoint (empty unless options.metrics_port is set).
+        self.metrics_targets: dict[str, str] = {}
+        self.prometheus = UpMetrics(
+            cfg.run,
+            processes=lambda: {c.name: c.running() for c in self.children()},
+            uptime_s=lambda: time.monotonic() - self.started_at if self.started_at is not None else None,
+        )
 
     # -- start -------------------------------------------------------------------------------------------------
 
@@ -149,6 +161,9 @@ class LocalStack:
         self.started_at = time.monotonic()
 
     def _start(self, stage: StageCallback) -> None:
+        port = self.prometheus.serve(self.options.metrics_port, "up --metrics-port")
+        if port is not None:
+            self.metrics_targets["up"] = f"127.0.0.1:{port}"
         if not self.options.external_kafka:
             stage("Kafka broker", "start")
             self._start_broker()
@@ -175,18 +190,22 @@ class LocalStack:
             }
         )
         stage("vLLM server", "start")
-        self.server = self._spawn("serve", ["serve", "--watch"])
+        self.server = self._spawn("serve", ["serve", "--watch"], self._metrics_env("serve", "INFERENCE"))
         base_model = served_name(self.cfg.model.policy_id, 0)
         wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s, self.cfg.inference.api_key)
         stage("vLLM server", "done")
         stage("learner", "start")
-        self.learner = self._spawn("learner", ["learn"])
+        self.learner = self._spawn("learner", ["learn"], self._metrics_env("learner", "LEARNER"))
         stage("learner", "done")
         stage(f"{self.options.collectors} collectors", "start")
         for i in range(self.options.collectors):
             name = f"collector-{i}"
-            self.collectors.append(self._spawn(name, ["collect", "--collector-id", name]))
+            self.collectors.append(
+                self._spawn(name, ["collect", "--collector-id", name], self._metrics_env(name, "COLLECTOR"))
+            )
         stage(f"{self.options.collectors} collectors", "done")
+        if self.metrics_targets:
+            self._write_scrape_targets()
 
     def _start_broker(self) -> None:
         b = self.cfg.broker
@@ -208,10 +227,28 @@ class LocalStack:
     def _model_dir(self) -> Path:
         return resolve_model_dir(self.cfg)
 
-    def _spawn(self, name: str, args: list[str]) -> ChildProcess:
+    def _metrics_env(self, name: str, section: str) -> dict[str, str]:
+        """When ``up`` serves metrics: a free port for child ``name``, as its ``DISTRL_<SECTION>__METRICS_PORT``."""
+        if self.options.metrics_port is None:
+            return {}
+        port = free_port()
+        self.metrics_targets[name] = f"127.0.0.1:{port}"
+        return {f"DISTRL_{section}__METRICS_PORT": str(port)}
+
+    def _write_scrape_targets(self) -> None:
+        """``<run_dir>/prometheus-targets.json``: the endpoints in Prometheus' file_sd format (docs/monitor.md)."""
+        targets = [
+            {"targets": [address], "labels": {"run": self.cfg.run, "process": name}}
+            for name, address in self.metrics_targets.items()
+        ]
+        self.cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.cfg.run_dir / "prometheus-targets.json").write_text(json.dumps(targets, indent=2))
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> ChildProcess:
         config = ["--config", str(self.options.config_path)] if self.options.config_path else []
         argv = [sys.executable, "-m", "distrl_stream.cli", *args[:1], *config, *args[1:]]
-        child = ChildProcess(name, argv, {**os.environ, **self.child_env}, self.logs_dir / f"{name}.log")
+        child_env = {**os.environ, **self.child_env, **(env or {})}
+        child = ChildProcess(name, argv, child_env, self.logs_dir / f"{name}.log")
         child.start()
         log.info("%s started (pid %s), log %s", name, child.pid, child.log_path)
         return child
@@ -250,6 +287,7 @@ class LocalStack:
                 stage(label, "start")
                 codes[child.name] = child.stop(timeout)
                 stage(label, "done")
+        self.prometheus.close()
         return codes
 
     def kill(self) -> None:

@@ -38,11 +38,12 @@ from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
-from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, utc_now
+from distrl_stream.events import MetricEvent, Step, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import InferenceClient
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.monitor.prometheus import CollectorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +146,14 @@ class Collector:
         self._producer: Producer | None = None
         self._client: InferenceClient | None = None
         self._published: PublishedVersions | None = None
+        self.prometheus = CollectorMetrics(
+            cfg.run,
+            self.collector_id,
+            self.stats,
+            in_flight=lambda: self.in_flight,
+            served_version=lambda: self._client.version if self._client is not None else None,
+            policy_lag=self._policy_lag,
+        )
 
     @property
     def in_flight(self) -> int:
@@ -177,6 +186,7 @@ class Collector:
         """
         started = time.monotonic()
         settings = self.settings
+        self.prometheus.serve(settings.metrics_port, "collector.metrics_port")
         background: list[asyncio.Task[None]] = []
         if settings.duration_s is not None:
             background.append(asyncio.create_task(self._stop_after(settings.duration_s), name="duration"))
@@ -222,6 +232,7 @@ class Collector:
             await self._client.aclose()
             if self._published is not None:
                 self._published.close()
+            self.prometheus.close()
         undelivered = await self._flush()
         # After the flush, so the final report counts every delivery; closing sends it (or logs that it could not).
         self._publish_metrics(final=True)
@@ -474,7 +485,7 @@ class Collector:
                 self._client,
                 self.mode,
                 episode_id=episode_id,
-                on_step=lambda step: self.stats.step(step.inference_latency_s, step.env_latency_s),
+                on_step=self._count_step,
                 screenshots=self._screenshots,
             )
         except asyncio.CancelledError:
@@ -484,6 +495,7 @@ class Collector:
         finally:
             self._in_flight.discard(episode_id)
         self.stats.episode(outcome.termination, len(outcome.steps))
+        self.prometheus.episode((outcome.ended_at - outcome.started_at).total_seconds(), outcome.success)
         self._sampler.update(task, outcome.success)
         if outcome.termination not in _ERRORS:
             self._publish(outcome)
@@ -503,6 +515,10 @@ class Collector:
             else:
                 self.stats.dropped += 1
         return outcome
+
+    def _count_step(self, step: Step) -> None:
+        self.stats.step(step.inference_latency_s, step.env_latency_s)
+        self.prometheus.step(step.inference_latency_s, step.env_latency_s)
 
     def _trajectory(self, outcome: EpisodeOutcome) -> TrajectoryEvent:
         return outcome.to_event(
@@ -548,6 +564,12 @@ class Collector:
             assert self._producer is not None
             self._producer.poll(0)
             await asyncio.sleep(_PRODUCER_POLL_S)
+
+    def _policy_lag(self) -> int | None:
+        """Served version behind the learner's newest (known only with ``pause_above_policy_lag``)."""
+        if self._published is None or self._client is None:
+            return None
+        return self._published.latest - self._client.version
 
     async def _report_metrics(self) -> None:
         while True:

@@ -37,6 +37,7 @@ from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.monitor.prometheus import WatcherMetrics
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,25 @@ class WeightWatcher(BackgroundFollower):
         self.catch_up_timeout_s = catch_up_timeout_s
         self.refused: list[tuple[int, str]] = []
         self.caught_up = threading.Event()
+        self.published_version = 0  # the newest version of our policy seen on the topic
+        self.prometheus = WatcherMetrics(
+            cfg.run,
+            self.source_id,
+            served_version=lambda: self.loader.newest,
+            published_version=lambda: self.published_version,
+            loaded_versions=lambda: len(self.loader.loaded),
+            refused=lambda: len(self.refused),
+        )
+
+    def start(self) -> None:
+        """Serve the metrics (``inference.metrics_port``), then follow the topic in the background."""
+        self.prometheus.serve(self.cfg.inference.metrics_port, "inference.metrics_port")
+        super().start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop following and serving the metrics."""
+        super().stop(timeout_s)
+        self.prometheus.close()
 
     @property
     def newest_version(self) -> int:
@@ -233,6 +253,8 @@ class WeightWatcher(BackgroundFollower):
 
     def _handle(self, event: WeightVersionEvent, producer: Producer) -> None:
         labels = {"policy_id": event.policy_id, "adapter": served_name(event.policy_id, event.version)}
+        if event.policy_id == self.loader.policy_id:
+            self.published_version = max(self.published_version, event.version)
         try:
             report = self.loader.load(event)
         except (AdapterVerificationError, InferenceError) as exc:
@@ -246,6 +268,7 @@ class WeightWatcher(BackgroundFollower):
             )
             return
         if report is not None:
+            self.prometheus.loaded(report.load_s)
             values = {
                 "policy_version": float(report.version),
                 "adapter_load_s": report.load_s,

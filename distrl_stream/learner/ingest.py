@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,6 +106,7 @@ class TrajectoryReader(BackgroundFollower):
         self.member_id = member_id
         self.topics = TopicNames(cfg.run)
         self.dead_lettered = 0
+        self.lag: int | None = None  # records on our partitions not yet accepted; None until measured
         self.ready = threading.Event()  # set once the first partitions are assigned
         self._positions: dict[int, int] = dict(start_offsets or {})
         self._assigned: set[int] = set()
@@ -189,10 +191,14 @@ class TrajectoryReader(BackgroundFollower):
         consumer = Consumer(self.cfg.kafka, group_id=self.topics.learner_group, client_id=f"learner-{self.member_id}")
         dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{self.topics.learner_group}/{self.member_id}")
         limit = self.cfg.learner.ingest_queue_episodes
+        lag_due = 0.0
         try:
             consumer.subscribe([self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke)
             while not self._stop.is_set():
                 self._commit_pending(consumer)
+                if time.monotonic() >= lag_due:
+                    lag_due = time.monotonic() + self.cfg.learner.metrics_interval_s
+                    self._measure_lag(consumer)
                 self._flow_control(consumer, limit)
                 batch = consumer.consume(256, 0.2)
                 entries = [entry_from_message(msg, dead_letters) for msg in batch]
@@ -208,6 +214,22 @@ class TrajectoryReader(BackgroundFollower):
             consumer.close()
             producer.close()
             self._producer = None
+
+    def _measure_lag(self, consumer: Consumer) -> None:
+        """``lag`` = Σ high watermark − accepted position over our partitions (queued entries count as lag)."""
+        with self._cond:
+            assigned = sorted(self._assigned)
+            accepted = {p: self._positions[p] for p in assigned if p in self._positions}
+        try:
+            marks = consumer.watermarks(self.topics.trajectories, assigned, timeout_s=5.0)
+            # A partition with nothing accepted yet: where the consumer is (negative before its first fetch).
+            fetched = consumer.positions(self.topics.trajectories, [p for p in assigned if p not in accepted])
+        except KafkaClientError as exc:
+            log.debug("learner %s: lag not measured: %s", self.member_id, exc)
+            return
+        self.lag = sum(
+            max(high - max(accepted.get(p, fetched.get(p, low)), low), 0) for p, (low, high) in marks.items()
+        )
 
     def _flow_control(self, consumer: Consumer, limit: int) -> None:
         queued = self.queued

@@ -54,6 +54,8 @@ from distrl_stream.learner.checkpoint import (
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.records import EpisodeRecord
 from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.monitor.prometheus import LearnerMetrics
+from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
 from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -131,6 +133,17 @@ class Learner:
         self._round_updates_left = 0
         self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
+        self._tensorboard: ScalarWriter | None = None
+        self.prometheus = LearnerMetrics(
+            cfg.run,
+            self.member_id,
+            lambda: self.counters,
+            version=lambda: self.version,
+            updates=lambda: self._trainer.updates if self._trainer is not None else None,
+            buffer=lambda: (len(self.buffer), self.buffer.num_steps, self.buffer.num_steps / self.buffer.capacity),
+            consumer_lag=lambda: self._reader.lag if self._reader is not None else None,
+            ingest_queue=lambda: self._reader.queued if self._reader is not None else None,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
 
@@ -158,6 +171,9 @@ class Learner:
         """
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
+        if self.settings.tensorboard_dir is not None:
+            self._tensorboard = scalar_writer(self.settings.tensorboard_dir, "learner.tensorboard_dir")
+        self.prometheus.serve(self.settings.metrics_port, "learner.metrics_port")
         ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
@@ -256,6 +272,10 @@ class Learner:
     def close(self) -> None:
         """Flush the producer and close the ingest log (the learner's resources; idempotent)."""
         self.ingest_log.close()
+        self.prometheus.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+            self._tensorboard = None
         if self._producer is not None:
             self._producer.close()
             self._producer = None
@@ -294,6 +314,8 @@ class Learner:
             self.counters.rejected += 1
             return "rejected"
         self._window.lags.extend(lags)
+        for lag in lags:
+            self.prometheus.policy_lag.observe(lag)
         self.counters.ingested += 1
         return "ingested"
 
@@ -324,6 +346,7 @@ class Learner:
         if stats is not None:
             self._window.add(stats)
             self._last_stats = stats
+            self.prometheus.update(stats)
             self._dirty = True
         elif self._reader is not None:
             # Nothing to learn from yet (e.g. filtered BC before the first success): let data arrive.
@@ -513,6 +536,8 @@ class Learner:
             labels=labels,
         )
         self._producer.produce_event(self.topics.metrics, event)
+        if self._tensorboard is not None:
+            self._tensorboard.add_scalars(event.values, self.trainer.updates)
         self._window = _Window()
         return event
 

@@ -2,11 +2,13 @@
 
 One real run (embedded broker, vLLM, learner, two collectors) is shared by the module: it must exit 0 having
 collected trajectories and served at least two weight versions, leave no process behind, and leave data that
-`monitor --once`, `replay export` and `replay report` read back (after `kafka start`-ing its broker again).
+`monitor --once`, `replay export` and `replay report` read back (after `kafka start`-ing its broker again). While it
+runs, every role's Prometheus endpoint (`--metrics-port 0`) is scraped until its numbers moved.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,8 +20,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.samples import Sample
 from typer.testing import CliRunner
 
 from distrl_stream.analysis.replay import read_weight_versions
@@ -29,6 +33,7 @@ from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.processes import free_port
+from tests.monitor.scrape import scrape, value
 
 pytestmark = [pytest.mark.slow, pytest.mark.kafka, pytest.mark.vllm]
 RUN = "e2e"
@@ -46,6 +51,7 @@ class UpRun:
     leftovers: list[str]
     data_dir: Path
     bootstrap: str
+    scraped: dict[str, list[Sample]]
 
 
 def _marked_processes(marker: str) -> list[str]:
@@ -63,6 +69,32 @@ def _marked_processes(marker: str) -> list[str]:
     return found
 
 
+def _scrape_while_running(up: subprocess.Popen[bytes], targets_file: Path) -> dict[str, list[Sample]]:
+    """Scrape every endpoint `up` lists until each role's numbers moved (or `up` ended): process -> last samples."""
+    wanted = {
+        "up": ("distrl_up_uptime_seconds", 0),
+        "serve": ("distrl_inference_served_version", 1),
+        "learner": ("distrl_learner_updates_total", 1),
+    }
+
+    def moved(name: str, samples: list[Sample]) -> bool:
+        metric, least = wanted.get(name, ("distrl_collector_trajectories_delivered_total", 1))
+        return (value(samples, metric) or -1) >= least
+
+    scraped: dict[str, list[Sample]] = {}
+    while up.poll() is None:
+        targets = json.loads(targets_file.read_text()) if targets_file.is_file() else []
+        for target in targets:
+            name = target["labels"]["process"]
+            if name not in scraped or not moved(name, scraped[name]):
+                with contextlib.suppress(httpx.HTTPError):  # a child still starting
+                    scraped[name] = scrape(target["targets"][0])
+        if targets and len(scraped) == len(targets) and all(moved(n, s) for n, s in scraped.items()):
+            break
+        time.sleep(1.0)
+    return scraped
+
+
 @pytest.fixture(scope="module")
 def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterator[UpRun]:
     data_dir = tmp_path_factory.mktemp("up") / "distrl-data"
@@ -78,20 +110,27 @@ def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterat
         "DISTRL_LEARNER__UPDATES_PER_VERSION": "2",
         "DISTRL_LEARNER__THREADS": "1",
     }
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "distrl_stream.cli", "up", "--duration", "120", "--collectors", "2"),
-            # Two environments per collector keep the CPU for the learner and the server (the sim is fast).
-            *("--envs-per-collector", "2"),
-            *("--no-monitor", "--run", RUN, "--data-dir", str(data_dir)),
-            # vLLM on CPU starts in 30-60 s, but several minutes when other test runs share the cores.
-            *("--startup-timeout", "900"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    out, err = data_dir.parent / "up.out", data_dir.parent / "up.err"
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        up = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "distrl_stream.cli", "up", "--duration", "120", "--collectors", "2"),
+                # Two environments per collector keep the CPU for the learner and the server (the sim is fast).
+                *("--envs-per-collector", "2"),
+                *("--no-monitor", "--run", RUN, "--data-dir", str(data_dir), "--metrics-port", "0"),
+                # vLLM on CPU starts in 30-60 s, but several minutes when other test runs share the cores.
+                *("--startup-timeout", "900"),
+            ],
+            env=env,
+            stdout=stdout,
+            stderr=stderr,
+        )
+        try:
+            scraped = _scrape_while_running(up, data_dir / "runs" / RUN / "prometheus-targets.json")
+            up.wait(timeout=1800)
+        finally:
+            if up.poll() is None:
+                up.kill()
     # Children are reaped before `up` returns; give the kernel a moment to drop exited entries from /proc.
     deadline = time.monotonic() + 10
     leftovers = _marked_processes(marker)
@@ -103,7 +142,7 @@ def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterat
     broker = EmbeddedBroker(data_dir / "kafka", kafka_home=kafka_home)
     bootstrap = broker.start()  # as `distrl-stream kafka start` would, from the same data folder
     try:
-        yield UpRun(done.returncode, done.stdout, done.stderr, summary, leftovers, data_dir, bootstrap)
+        yield UpRun(up.returncode, out.read_text(), err.read_text(), summary, leftovers, data_dir, bootstrap, scraped)
     finally:
         broker.stop()
 
@@ -115,6 +154,20 @@ def test_up_runs_exits_0_and_reports_trajectories_and_served_versions(up_run: Up
     episodes = int(re.search(r"trajectories: (\d+)", up_run.stdout).group(1))
     served = int(re.search(r"(\d+) served", up_run.stdout).group(1))
     assert episodes == up_run.summary["episodes"] and served >= 2
+
+
+def test_every_role_serves_prometheus_metrics_whose_numbers_move(up_run: UpRun) -> None:
+    scraped = up_run.scraped
+    assert set(scraped) == {"up", "serve", "learner", "collector-0", "collector-1"}, up_run.stdout
+    assert "Prometheus scrape targets" in up_run.stdout
+    for name in ("serve", "learner", "collector-0", "collector-1"):
+        assert value(scraped["up"], "distrl_up_process_running", process=name, run=RUN) == 1
+    assert value(scraped["serve"], "distrl_inference_served_version", role="inference") >= 1
+    assert value(scraped["learner"], "distrl_learner_updates_total", source="0") >= 1
+    assert value(scraped["learner"], "distrl_learner_trajectories_total", status="ingested") >= 1
+    for name in ("collector-0", "collector-1"):
+        assert value(scraped[name], "distrl_collector_trajectories_delivered_total", source=name) >= 1
+        assert value(scraped[name], "distrl_collector_inference_latency_seconds_count") >= 1
 
 
 def test_no_child_process_outlives_up(up_run: UpRun) -> None:

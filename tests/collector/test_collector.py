@@ -7,6 +7,7 @@ import itertools
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -23,6 +24,7 @@ from distrl_stream.policy.prompt import build_prompt
 from distrl_stream.testing.instant_learner import InstantLearner, publish_version
 from tests.collector.conftest import ENDED, TopicWatch, assert_complete, metrics, trajectories
 from tests.fixtures.vllm import VllmService
+from tests.monitor.scrape import scrape, value
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm]
 
@@ -165,3 +167,45 @@ async def test_pause_above_policy_lag_pauses_new_episodes_until_the_server_catch
     report = await asyncio.wait_for(run, 120)
     assert report.delivered == 2
     assert {step.policy_version for event in trajectories(cfg) for step in event.steps} == {3}
+
+
+async def test_prometheus_endpoint_counts_episodes_steps_and_latencies_while_it_runs(
+    collector_config: Callable[..., Config],
+) -> None:
+    cfg = collector_config(collector={"envs": 2, "metrics_port": 0, "collector_id": "prom-1"})
+    collector = Collector(cfg)
+    run = asyncio.create_task(collector.run())
+    address = ""
+
+    async def scraped(predicate: Callable[[list], bool], timeout_s: float = 120.0) -> list:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            assert not run.done(), run
+            if collector.prometheus.port is not None:
+                samples = await asyncio.to_thread(scrape, f"127.0.0.1:{collector.prometheus.port}")
+                if predicate(samples):
+                    return samples
+            assert asyncio.get_running_loop().time() < deadline, "the endpoint never showed 4 delivered episodes"
+            await asyncio.sleep(0.2)
+
+    try:
+        samples = await scraped(lambda s: (value(s, "distrl_collector_trajectories_delivered_total") or 0) >= 4)
+        address = f"127.0.0.1:{collector.prometheus.port}"
+    finally:
+        collector.request_stop()
+        report = await asyncio.wait_for(run, 120)
+    labels = {"run": cfg.run, "role": "collector", "source": "prom-1"}
+    episodes = value(samples, "distrl_collector_episodes_total", **labels)
+    steps = value(samples, "distrl_collector_steps_total", **labels)
+    assert episodes >= 4 and steps >= episodes
+    assert value(samples, "distrl_collector_episode_duration_seconds_count") == episodes
+    assert value(samples, "distrl_collector_inference_latency_seconds_count") == steps
+    assert value(samples, "distrl_collector_inference_latency_seconds_sum") > 0
+    assert value(samples, "distrl_collector_successes_total") == value(
+        samples, "distrl_collector_episodes_total", termination="success"
+    )
+    assert 0 <= value(samples, "distrl_collector_success_rate") <= 1
+    assert value(samples, "distrl_collector_policy_version") == 0
+    assert report.episodes >= episodes
+    with pytest.raises(httpx.ConnectError):  # the endpoint closes with the collector
+        httpx.get(f"http://{address}/metrics", timeout=5.0)

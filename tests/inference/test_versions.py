@@ -25,6 +25,7 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 from tests.fixtures.vllm import VllmService
+from tests.monitor.scrape import scrape, value
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm]
 
@@ -195,3 +196,35 @@ def test_late_watcher_loads_the_newest_versions_and_retires_beyond_keep(
     finally:
         watcher.stop()
     assert watcher.failed is None and watcher.newest_version == 4
+
+
+def test_prometheus_endpoint_shows_the_served_version_loads_refusals_and_lag(
+    vllm_server: VllmService, watcher_config: Config, sft_adapter: Path, tmp_path: Path
+) -> None:
+    cfg = watcher_config.model_copy(
+        update={"inference": watcher_config.inference.model_copy(update={"metrics_port": 0})}
+    )
+    tampered = tmp_path / "tampered"
+    shutil.copytree(sft_adapter, tampered)
+    (tampered / "adapter_config.json").write_text("{}")  # changed after publishing: its checksum no longer matches
+    watcher = WeightWatcher(cfg, vllm_server.url)
+    watcher.start()
+    try:
+        address = f"127.0.0.1:{watcher.prometheus.port}"
+        assert value(scrape(address), "distrl_inference_served_version") == 0
+        _publish(cfg, 1, sft_adapter)
+        _wait_for(lambda: value(scrape(address), "distrl_inference_served_version") == 1, "version 1 to be served")
+        loaded = scrape(address)
+        _publish(cfg, 2, tampered, sha256=sha256_dir(sft_adapter))
+        _wait_for(lambda: value(scrape(address), "distrl_inference_versions_refused_total") == 1, "version 2 refused")
+        refused = scrape(address)
+    finally:
+        watcher.stop()
+    server = {"run": cfg.run, "role": "inference", "source": watcher.source_id}
+    assert value(loaded, "distrl_inference_version_loads_total", **server) == 1
+    assert value(loaded, "distrl_inference_adapter_load_seconds_count", **server) == 1
+    assert value(loaded, "distrl_inference_version_lag", **server) == 0
+    assert value(refused, "distrl_inference_served_version", **server) == 1
+    assert value(refused, "distrl_inference_published_version", **server) == 2
+    assert value(refused, "distrl_inference_version_lag", **server) == 1
+    assert value(refused, "distrl_inference_loaded_versions", **server) == 1

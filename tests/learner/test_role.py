@@ -19,6 +19,7 @@ from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.learner.checkpoint import IngestLog
 from distrl_stream.learner.role import Learner
 from tests.learner.simdata import sim_events
+from tests.monitor.scrape import scrape, value
 
 pytestmark = pytest.mark.kafka
 torch.set_num_threads(1)
@@ -203,3 +204,31 @@ def test_poison_stale_and_good_records_are_each_handled_and_logged(
     # The final checkpoint holds the offsets past all four records.
     state = (learner.store.latest() / "state.json").read_text()  # type: ignore[operator]
     assert '"offsets":{"0":4' in state
+
+
+def test_prometheus_endpoint_shows_ingest_dead_letters_updates_losses_and_lag(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    cfg = learner_config(metrics_port=0, drop_above_policy_lag=1)
+    learner = started(cfg)
+    address = f"127.0.0.1:{learner.prometheus.port}"
+    assert value(scrape(address), "distrl_learner_trajectories_total", status="ingested") == 0
+    produce(cfg, [*sim_events(learner.trainer.tokenizer, 4, seed=7, version=0), b"not a trajectory"])
+    running = Running(learner)
+    running.wait_for("version 1", lambda: learner.version >= 1)
+    # The lag is measured every metrics_interval_s: it reaches 0 once every record was taken in.
+    running.wait_for("lag 0", lambda: value(scrape(address), "distrl_learner_consumer_lag_records") == 0)
+    samples = scrape(address)
+    running.finish()
+    member = {"run": cfg.run, "role": "learner", "source": cfg.learner.member_id}
+    assert value(samples, "distrl_learner_trajectories_total", status="ingested", **member) == 4
+    assert value(samples, "distrl_learner_dlq_records_total", **member) == 1
+    assert value(samples, "distrl_learner_updates_total") >= 2
+    assert value(samples, "distrl_learner_versions_published_total") >= 1
+    assert value(samples, "distrl_learner_version") >= 1
+    assert value(samples, "distrl_learner_buffer_episodes") == 4
+    assert value(samples, "distrl_learner_loss", term="policy") is not None
+    assert value(samples, "distrl_learner_rho", stat="mean") > 0
+    assert value(samples, "distrl_learner_policy_lag_versions_count") == sum(
+        len(e.steps) for _k, e in learner.buffer.items()
+    )
