@@ -172,7 +172,6 @@ def test_tensorboard_dir_without_the_package_is_one_line_naming_the_field(
 
 
 def test_tensorboard_scalars_are_written_at_the_step(tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="the optional `tensorboard` extra")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     writer = scalar_writer(tmp_path / "tb", "learner.tensorboard_dir")
