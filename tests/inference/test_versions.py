@@ -192,7 +192,9 @@ def test_late_watcher_loads_the_newest_versions_and_retires_beyond_keep(
         assert _served(vllm_server) == {"policy-v0", "policy-v2", "policy-v3"}  # keep_versions = 2; v1 never loaded
         _publish(watcher_config, 4, sft_adapter)
         _wait_for(lambda: "policy-v4" in _served(vllm_server), "version 4 to be served")
-        assert _served(vllm_server) == {"policy-v0", "policy-v3", "policy-v4"}  # v2 retired
+        # The watcher loads the new version before it retires the oldest (never fewer than keep_versions served).
+        _wait_for(lambda: "policy-v2" not in _served(vllm_server), "version 2 to be retired")
+        assert _served(vllm_server) == {"policy-v0", "policy-v3", "policy-v4"}
     finally:
         watcher.stop()
     assert watcher.failed is None and watcher.newest_version == 4
