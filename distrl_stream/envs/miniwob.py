@@ -31,6 +31,7 @@ from distrl_stream.envs.actions import (
     MAX_TEXT_CHARS,
     Action,
     Click,
+    Drag,
     KeyboardEnter,
     LongPress,
     NavigateBack,
@@ -88,11 +89,13 @@ SCROLL_PX: Final = 150
 
 # Widgets MiniWoB's DOM list leaves out or flattens: dropdowns and list boxes (their options), jQuery UI sliders and
 # spinners (the value lives in the widget), read-only fields (filled by a widget, e.g. a date picker, never typed
-# into), and scrollable containers (whether there is more above or below).
+# into), and scrollable containers (whether there is more above or below); and which elements can be dragged
+# (jQuery UI draggables, items of sortable lists, HTML draggables).
 _WIDGETS_JS: Final = """
-var out = {}, info = core.previousDOMInfo || {};
+var out = {}, draggable = [], info = core.previousDOMInfo || {};
 for (var ref in info) {
   var el = info[ref];
+  if (el.closest && el.closest('.ui-draggable, .ui-sortable > *, [draggable="true"]')) draggable.push(+ref);
   if (el instanceof HTMLSelectElement) {
     var options = Array.from(el.options);
     out[ref] = {kind: 'select', multiple: el.multiple, options: options.map(function (o) { return o.text.trim(); }),
@@ -113,8 +116,15 @@ for (var ref in info) {
     out[ref] = {kind: 'scroll', up: el.scrollTop > 0, down: el.scrollTop + el.clientHeight < el.scrollHeight - 1};
   }
 }
-return out;
+return [out, draggable];
 """
+# Where an element's centre is in the window now (for a text run: its parent's).
+_CENTRE_JS: Final = """
+var r = core.previousDOMInfo[arguments[0]].getBoundingClientRect();
+return [r.left + r.width / 2, r.top + r.height / 2];
+"""
+# Pointer moves between the press and the release of a drag: jQuery UI starts a drag only after the pointer has moved.
+DRAG_STEPS: Final = 8
 # Scroll an element (or a text run's parent) into view; how far it moved, and the viewport's size.
 _INTO_VIEW_JS: Final = """
 var el = core.previousDOMInfo[arguments[0]];
@@ -161,6 +171,7 @@ class _Handle:
     anchor: int
     widget: dict[str, Any] | None = None
     value: str = ""
+    draggable: bool = False
 
 
 class MiniWoBEnv(EnvBase):
@@ -207,7 +218,8 @@ class MiniWoBEnv(EnvBase):
 
         A click on every element but dropdowns and lists; for each text field or slider, text typed into it (see
         :func:`_typed_values`); for each dropdown, a pick of each option not already picked (every option of a list
-        box, where a pick toggles); for each scrollable list, a scroll towards the side that has more.
+        box, where a pick toggles); for each scrollable list, a scroll towards the side that has more; for each
+        draggable element, a drag onto every other draggable element (a sortable list's items, the boxes of a page).
         """
         out: list[str] = []
         page = [
@@ -215,6 +227,8 @@ class MiniWoBEnv(EnvBase):
             for el in observation.elements
             if el.index < len(self._handles) and el.kind in ("text", "field")
         ]
+        draggable = [el.index for el in observation.elements if el.index < len(self._handles)]
+        draggable = [k for k in draggable if self._handles[k].draggable]
         for el in observation.elements:
             widget = self._handles[el.index].widget if el.index < len(self._handles) else None
             if el.kind == "select" and widget is not None:
@@ -234,6 +248,8 @@ class MiniWoBEnv(EnvBase):
                     values = [value for value in values if _is_number(value)]
                 out.extend(TypeText(text=value, index=el.index).to_text() for value in values)
             out.append(Click(index=el.index).to_text())
+            if el.index in draggable:
+                out.extend(Drag(el.index, target).to_text() for target in draggable if target != el.index)
         return out
 
     async def close(self) -> None:
@@ -346,6 +362,10 @@ class MiniWoBEnv(EnvBase):
                 execute_type_text(text, driver)
             case Select() if element is not None and handle is not None:
                 return _select(action, element, handle, driver)
+            case Drag(target=target) if element is not None and handle is not None:
+                if target >= n:
+                    return f"no element {target} on this page (it has 0..{n - 1})"
+                return self._drag(element, handle, self._handles[target], driver)
             case KeyboardEnter():
                 execute_press_key("<Enter>", driver)
             case Scroll(direction=direction) if handle is not None:
@@ -377,6 +397,28 @@ class MiniWoBEnv(EnvBase):
             return f"element {element.index} is outside the window even after scrolling ({x:.0f}, {y:.0f})"
         return _click_at(x, y, driver)
 
+    def _drag(self, element: UIElement, handle: _Handle, target: _Handle, driver: Any) -> str | None:
+        """Press on the element's centre, move the pointer in steps onto the target's centre, release it there."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        if element.bounds is None:
+            return f"element {element.index} has no position on the page"
+        driver.execute_script(_INTO_VIEW_JS, handle.anchor)
+        (x, y), (tx, ty) = (driver.execute_script(_CENTRE_JS, h.anchor) for h in (handle, target))
+        width, height = driver.execute_script("return [window.innerWidth, window.innerHeight];")
+        for px, py in ((x, y), (tx, ty)):
+            if not (0 <= px < width and 0 <= py < height):
+                return f"({px:.0f}, {py:.0f}) is outside the {width}x{height} window"
+        chain = ActionChains(driver, duration=0)
+        pointer = chain.w3c_actions.pointer_action
+        pointer.move_to_location(int(x), int(y))
+        pointer.click_and_hold()
+        for k in range(1, DRAG_STEPS + 1):
+            pointer.move_to_location(int(x + (tx - x) * k / DRAG_STEPS), int(y + (ty - y) * k / DRAG_STEPS))
+        pointer.release()
+        chain.w3c_actions.perform()
+        return None
+
     def _observe(self, obs: dict[str, Any], done: bool) -> Observation:
         task = self.task
         instruction = obs.get("utterance") or (self._observation.instruction if self._observation else "")
@@ -384,8 +426,10 @@ class MiniWoBEnv(EnvBase):
             self._handles = []
             title = f"{task.template if task else 'MiniWoB'} (episode over)"
             return Observation(instruction, render_screen(title, ()), ())
-        widgets = self._gym.instance.driver.execute_script(_WIDGETS_JS)
-        elements, self._handles = _elements(obs["dom_elements"], {int(ref): w for ref, w in widgets.items()})
+        widgets, draggable = self._gym.instance.driver.execute_script(_WIDGETS_JS)
+        elements, self._handles = _elements(
+            obs["dom_elements"], {int(ref): w for ref, w in widgets.items()}, frozenset(draggable)
+        )
         screenshot = _png(obs["screenshot"]) if self._screenshots else None
         title = task.template if task is not None else "MiniWoB"
         return Observation(instruction, render_screen(title, elements), elements, screenshot)
@@ -477,7 +521,7 @@ def _png(pixels: Any) -> bytes:
 
 
 def _elements(
-    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]]
+    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]], draggable: frozenset[int]
 ) -> tuple[tuple[UIElement, ...], list[_Handle]]:
     """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in."""
     by_parent: dict[int, list[dict[str, Any]]] = {}
@@ -520,14 +564,19 @@ def _elements(
             kind = "link"
         elif not text:
             continue
+        anchor = ref if ref >= 0 else int(el["parent"])
+        states = [state] if state else []
+        if anchor in draggable:
+            states.append("draggable")
         if el["flags"][0]:
-            state = f"{state}, focused" if state else "focused"
+            states.append("focused")
+        state = ", ".join(states)
         left, top = float(el["left"][0]), float(el["top"][0])
         width, height = float(el["width"][0]), float(el["height"][0])
         bounds = (int(left), int(top), int(left + width), int(top + height))
         out.append(UIElement(len(out), kind, text, state, clickable=True, editable=editable, bounds=bounds))
         value = str(el["value"]) if tag in _FIELD_TAGS else ""
-        handles.append(_Handle(ref, ref if ref >= 0 else int(el["parent"]), widget, value))
+        handles.append(_Handle(ref, anchor, widget, value, anchor in draggable))
         if len(out) >= MAX_ELEMENTS:
             break
     return tuple(out), handles
