@@ -10,13 +10,14 @@ earns the page's own reward; otherwise the row says why not:
 - ``budget``: the per-task time or episode budget ran out first;
 - ``error``: the task did not reset or step cleanly (the message says what failed).
 
-Candidates that share words with the instruction are tried first, and text typed verbatim from the instruction before
-other text (it only orders the search; every candidate is still tried; numbers match by value, so ``05`` names
-``5``). Typing into a field replaces its text, so after a step that typed into a field the search does not type into
-that field again straight away: that sequence is the same as typing the second text alone, which is tried anyway.
-A step that leaves the screen unchanged (focus aside) continues the same episode (no reset): the page looked the
-same, so the next candidate is tried from there, and the path recorded is the one actually played. Screens already
-seen are not expanded twice.
+Candidates that share words with the instruction are tried first, text typed verbatim from the instruction before other
+text, and among equals actions on controls before clicks on plain text (it only orders the search; every candidate is
+still tried; numbers match by value, so ``05`` names ``5``).
+Typing into a field replaces its text, so after a step that typed into a field the search does not type into that field
+again straight away: that sequence is the same as typing the second text alone, which is tried anyway. A step that
+leaves the screen unchanged (focus aside) continues the same episode (no reset): the page looked the same, so the next
+candidate is tried from there, and the path recorded is the one actually played. Screens already seen are not expanded
+twice.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from distrl_stream.envs.actions import TypeText, parse_action
+from distrl_stream.envs.actions import Click, TypeText, parse_action
 from distrl_stream.envs.base import Observation, Task
 from distrl_stream.envs.miniwob import MiniWoBEnv
 
@@ -109,7 +110,7 @@ async def check_task(
         env: the browser to run it in (left open; reused across tasks).
         name: the MiniWoB task name.
         seed: the page seed every branch re-runs.
-        budget_s: wall-clock seconds for the whole search.
+        budget_s: wall-clock seconds for the search (from the first screen on).
         max_episodes: resets the search may use.
         max_depth: the longest candidate sequence tried (steps that leave the screen unchanged do not count).
 
@@ -130,6 +131,8 @@ async def check_task(
     try:
         budget.spend()
         first = await env.reset(task)
+        # The search's clock starts once the page is up: a browser's first start (seconds under load) is not search.
+        budget.deadline = time.monotonic() + budget_s
         n_candidates = len(env.candidates(first))
         # Frontier: the actions that reach a screen, its depth (screens changed on the way), its candidates.
         frontier: deque[tuple[tuple[str, ...], int, list[str]]] = deque([((), 0, _ordered(env, first, None))])
@@ -190,15 +193,17 @@ def _ordered(env: MiniWoBEnv, observation: Observation, came_by: str | None) -> 
     if not isinstance(retyped, TypeText) or retyped.index is None:
         retyped = None
 
-    def overlap(option: str) -> int:
-        # What the option names: the text it types or picks, else the label of the element it acts on.
+    def overlap(option: str) -> tuple[int, bool]:
+        # What the option names: the text it types or picks, else the label of the element it acts on; among equals,
+        # acting on a control (a button, link, field, widget) before clicking plain text, which rarely does anything.
         action = parse_action(option)
         named = getattr(action, "text", None)
         index = getattr(action, "index", None)
         verbatim = isinstance(action, TypeText) and action.text in instruction
+        control = not isinstance(action, Click) or index is None or observation.elements[index].kind != "text"
         if named is None and index is not None:
             named = observation.elements[index].text
-        return len(words & _words(f"{action.action_type} {named or ''}")) + verbatim
+        return len(words & _words(f"{action.action_type} {named or ''}")) + verbatim, control
 
     def kept(option: str) -> bool:
         action = parse_action(option)
