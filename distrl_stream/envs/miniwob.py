@@ -22,7 +22,7 @@ import re
 import shutil
 import tempfile
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -90,12 +90,12 @@ SCROLL_PX: Final = 150
 # Widgets MiniWoB's DOM list leaves out or flattens: dropdowns and list boxes (their options), jQuery UI sliders and
 # spinners (the value lives in the widget), read-only fields (filled by a widget, e.g. a date picker, never typed
 # into), and scrollable containers (whether there is more above or below); and which elements can be dragged
-# (jQuery UI draggables, items of sortable lists, HTML draggables).
+# (inside jQuery UI draggables, items of sortable lists, HTML draggables: which one, by its ref).
 _WIDGETS_JS: Final = """
-var out = {}, draggable = [], info = core.previousDOMInfo || {};
+var out = {}, draggable = {}, info = core.previousDOMInfo || {};
 for (var ref in info) {
-  var el = info[ref];
-  if (el.closest && el.closest('.ui-draggable, .ui-sortable > *, [draggable="true"]')) draggable.push(+ref);
+  var el = info[ref], root = el.closest && el.closest('.ui-draggable, .ui-sortable > *, [draggable="true"]');
+  if (root) draggable[ref] = root.dataset.wob_ref;
   if (el instanceof HTMLSelectElement) {
     var options = Array.from(el.options);
     out[ref] = {kind: 'select', multiple: el.multiple, options: options.map(function (o) { return o.text.trim(); }),
@@ -428,7 +428,9 @@ class MiniWoBEnv(EnvBase):
             return Observation(instruction, render_screen(title, ()), ())
         widgets, draggable = self._gym.instance.driver.execute_script(_WIDGETS_JS)
         elements, self._handles = _elements(
-            obs["dom_elements"], {int(ref): w for ref, w in widgets.items()}, frozenset(draggable)
+            obs["dom_elements"],
+            {int(ref): w for ref, w in widgets.items()},
+            {int(ref): str(root) for ref, root in draggable.items()},
         )
         screenshot = _png(obs["screenshot"]) if self._screenshots else None
         title = task.template if task is not None else "MiniWoB"
@@ -521,9 +523,14 @@ def _png(pixels: Any) -> bytes:
 
 
 def _elements(
-    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]], draggable: frozenset[int]
+    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]], draggable: dict[int, str]
 ) -> tuple[tuple[UIElement, ...], list[_Handle]]:
-    """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in."""
+    """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in.
+
+    ``draggable`` maps the refs inside a draggable to the draggable's own ref: one element stands for it, its first
+    one that is not an icon (a sortable item by its label, a dialog by its title, not by every button in it).
+    """
+    roots: list[str | None] = []
     by_parent: dict[int, list[dict[str, Any]]] = {}
     for el in dom:
         by_parent.setdefault(int(el["parent"]), []).append(el)
@@ -562,23 +569,34 @@ def _elements(
             state = "checked" if str(el["value"]).lower() == "true" else "unchecked"
         elif "alink" in str(el["classes"]).split():
             kind = "link"
+        elif not text and tag != "t" and str(el["classes"]).strip():
+            # A control drawn as an image or icon (email-inbox's trash and star, social-media's like and retweet):
+            # no text, so it is named by its classes, the only name the page gives it.
+            kind, text = "icon", " ".join(str(el["classes"]).split())
         elif not text:
             continue
         anchor = ref if ref >= 0 else int(el["parent"])
-        states = [state] if state else []
-        if anchor in draggable:
-            states.append("draggable")
         if el["flags"][0]:
-            states.append("focused")
-        state = ", ".join(states)
+            state = f"{state}, focused" if state else "focused"
         left, top = float(el["left"][0]), float(el["top"][0])
         width, height = float(el["width"][0]), float(el["height"][0])
         bounds = (int(left), int(top), int(left + width), int(top + height))
         out.append(UIElement(len(out), kind, text, state, clickable=True, editable=editable, bounds=bounds))
         value = str(el["value"]) if tag in _FIELD_TAGS else ""
-        handles.append(_Handle(ref, anchor, widget, value, anchor in draggable))
+        handles.append(_Handle(ref, anchor, widget, value))
+        roots.append(draggable.get(anchor))
         if len(out) >= MAX_ELEMENTS:
             break
+    chosen: dict[str, int] = {}
+    for k, root in enumerate(roots):
+        if root is None:
+            continue
+        if root not in chosen or (out[chosen[root]].kind == "icon" and out[k].kind != "icon"):
+            chosen[root] = k
+    for k in chosen.values():
+        state = out[k].state
+        out[k] = replace(out[k], state=f"draggable, {state}" if state else "draggable")
+        handles[k] = replace(handles[k], draggable=True)
     return tuple(out), handles
 
 

@@ -270,9 +270,9 @@ async def test_drags_onto_sortable_items_and_boxes_earn_the_page_reward(env: Min
     obs = await env.reset(miniwob_tasks(["drag-items"], "train", 1)[0])
     target = re.fullmatch(r"Drag (\w+) to the (\d)\w\w position\.", obs.instruction)
     assert target is not None, obs.instruction  # the seed asks for a numbered position
-    item = index_of(obs, "text", target[1])
-    assert all("draggable" in e.state for e in obs.elements)
-    text = Drag(item, int(target[2]) - 1).to_text()
+    items = [e.index for e in obs.elements if "draggable" in e.state]  # each item by its label, not its icon
+    assert [obs.elements[k].kind for k in items] == ["text"] * 5
+    text = Drag(index_of(obs, "text", target[1]), items[int(target[2]) - 1]).to_text()
     assert text in env.candidates(obs)
     result = await env.step(text)
     assert result.info.success, result.info.extra
@@ -287,3 +287,13 @@ async def test_drags_onto_sortable_items_and_boxes_earn_the_page_reward(env: Min
     refused = await env.step(Drag(small, 99).to_text())
     assert not refused.info.valid and "no element 99" in (refused.info.reason or "")
     assert refused.observation == beyond
+
+
+async def test_icons_without_text_are_named_by_their_classes_and_earn_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["email-inbox-delete"], "train", 1)[0])
+    target = re.fullmatch(r"Find the email by (\w+) and click the trash icon to delete it\.", obs.instruction)
+    assert target is not None
+    sender = index_of(obs, "text", target[1])
+    trash = next(e.index for e in obs.elements[sender:] if e.kind == "icon" and e.text == "trash")
+    result = await env.step(f'{{"action_type":"click","index":{trash}}}')
+    assert result.info.success, result.info.extra
