@@ -569,10 +569,10 @@ def _elements(
             state = "checked" if str(el["value"]).lower() == "true" else "unchecked"
         elif "alink" in str(el["classes"]).split():
             kind = "link"
-        elif not text and tag != "t" and str(el["classes"]).strip():
-            # A control drawn as an image or icon (email-inbox's trash and star, social-media's like and retweet):
-            # no text, so it is named by its classes, the only name the page gives it.
-            kind, text = "icon", " ".join(str(el["classes"]).split())
+        elif not text and tag != "t" and (str(el["classes"]).strip() or el["id"]):
+            # A control drawn as an image or icon (email-inbox's trash and star, social-media's like and retweet, a
+            # tic-tac-toe cell): no text, so it is named by its classes, else its id, the only names the page gives.
+            kind, text = "icon", " ".join(str(el["classes"]).split()) or str(el["id"])
         elif not text:
             continue
         anchor = ref if ref >= 0 else int(el["parent"])
