@@ -118,6 +118,11 @@ for (var ref in info) {
 }
 return [out, draggable];
 """
+# A point on the empty page: below the task area, or the window's bottom-left corner.
+_OUTSIDE_JS: Final = """
+var wrap = document.getElementById('wrap').getBoundingClientRect();
+return [1, Math.min(window.innerHeight - 1, wrap.bottom + 20)];
+"""
 # Where an element's centre is in the window now (for a text run: its parent's).
 _CENTRE_JS: Final = """
 var r = core.previousDOMInfo[arguments[0]].getBoundingClientRect();
@@ -285,7 +290,11 @@ class MiniWoBEnv(EnvBase):
             elif self._gym.subdomain != task.template:
                 self._gym.instance.load(task.template)
                 self._gym.subdomain = task.template
-            self._gym.instance.driver.execute_script(f"core.EPISODE_MAX_TIME = {self._episode_ms};")
+            driver = self._gym.instance.driver
+            driver.execute_script(f"core.EPISODE_MAX_TIME = {self._episode_ms};")
+            # A popup the last episode left open outside the task area (a date picker) would make the same seed start
+            # differently; a click on the empty page below the task closes it, as it would for a person.
+            _click_at(*driver.execute_script(_OUTSIDE_JS), driver)
             obs, _ = self._gym.reset(
                 seed=task.seed, options={"data_mode": task.split, "record_screenshots": self._screenshots}
             )

@@ -15,7 +15,7 @@ text, and among equals actions on controls before clicks on plain text (it only 
 still tried; numbers match by value, so ``05`` names ``5``).
 Typing into a field replaces its text, so after a step that typed into a field the search does not type into that field
 again straight away: that sequence is the same as typing the second text alone, which is tried anyway. A step that
-leaves the screen unchanged (focus aside) continues the same episode (no reset): the page looked the same, so the next
+leaves the screen unchanged continues the same episode (no reset): the page looked the same, so the next
 candidate is tried from there, and the path recorded is the one actually played. Screens already seen are not expanded
 twice.
 """
@@ -37,7 +37,6 @@ Reason = Literal["", "unsupported", "budget", "error"]
 # The package also registers FlightWoB's three tasks, a separate benchmark served over HTTP (the adapter refuses them).
 FLIGHTWOB_PREFIX: Final = "flight."
 _WORD: Final = re.compile(r"[a-z0-9]+")
-_FOCUSED: Final = re.compile(r"(, )?focused$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +177,8 @@ async def check_task(
 
 
 def _screen(observation: Observation) -> tuple[tuple[str, str, str], ...]:
-    """What a screen shows, focus aside: a step that only moves the focus has not changed the screen."""
-    return tuple((e.kind, e.text, _FOCUSED.sub("", e.state)) for e in observation.elements)
+    """What a screen shows (focus included: a focused field may open a picker the page does not list)."""
+    return tuple((e.kind, e.text, e.state) for e in observation.elements)
 
 
 def _ordered(env: MiniWoBEnv, observation: Observation, came_by: str | None) -> list[str]:
