@@ -2,7 +2,7 @@
 
 Headline (issue 16): ``ratio`` = tasks reachable through ``MiniWoBEnv``'s choice-mode candidates ÷ tasks in the suite
 (every MiniWoB++ task the ``miniwob`` package registers; FlightWoB's three are a separate benchmark); target 0.6.
-Each task gets one page seed and a bounded breadth-first search over candidate sequences, re-running the seed per
+Each task gets one page seed and a bounded depth-first search over candidate sequences, re-running the seed per
 branch (:mod:`distrl_stream.envs.miniwob_suite`). ``metrics`` carry the counts by reason and the whole table.
 
 Usage: ``python bench/miniwob_suite.py [--quick]`` writes ``bench/results/miniwob_suite.json`` (``--quick``: a sample

@@ -13,6 +13,8 @@ Kinds (``action_type``) and their fields, with an example of each:
 - ``scroll``: ``direction`` (up/down/left/right); optional ``index`` -- ``{"action_type":"scroll","direction":"down"}``
 - ``select``: ``index`` (a dropdown or list box) and the option's ``text`` or its 0-based position ``option`` --
   ``{"action_type":"select","index":2,"text":"Blue"}``
+- ``drag``: ``index`` (the element to drag) and ``target`` (the element to drop it on) --
+  ``{"action_type":"drag","index":1,"target":4}``
 - ``navigate_back``, ``navigate_home``, ``keyboard_enter``, ``wait``: no fields -- ``{"action_type":"wait"}``
 - ``open_app``: ``app_name`` -- ``{"action_type":"open_app","app_name":"Clock"}``
 - ``status``: ``goal_status`` (complete, infeasible) -- ``{"action_type":"status","goal_status":"complete"}``
@@ -47,6 +49,7 @@ MAX_COORD: Final = 100_000
 _KEY_ORDER: Final[tuple[str, ...]] = (
     "action_type",
     "index",
+    "target",
     "x",
     "y",
     "direction",
@@ -68,6 +71,7 @@ class ActionType(StrEnum):
     TYPE = "type"
     SCROLL = "scroll"
     SELECT = "select"
+    DRAG = "drag"
     NAVIGATE_BACK = "navigate_back"
     NAVIGATE_HOME = "navigate_home"
     OPEN_APP = "open_app"
@@ -83,6 +87,7 @@ _FIELDS: Final[dict[ActionType, frozenset[str]]] = {
     ActionType.TYPE: frozenset({"text", "index"}),
     ActionType.SCROLL: frozenset({"direction", "index"}),
     ActionType.SELECT: frozenset({"index", "option", "text"}),
+    ActionType.DRAG: frozenset({"index", "target"}),
     ActionType.NAVIGATE_BACK: frozenset(),
     ActionType.NAVIGATE_HOME: frozenset(),
     ActionType.OPEN_APP: frozenset({"app_name"}),
@@ -184,6 +189,15 @@ class Select(_Rendering):
 
 
 @dataclass(frozen=True, slots=True)
+class Drag(_Rendering):
+    """Press on the element ``index``, move the pointer onto the element ``target`` and release it there."""
+
+    index: int
+    target: int
+    action_type: ClassVar[ActionType] = ActionType.DRAG
+
+
+@dataclass(frozen=True, slots=True)
 class NavigateBack(_Rendering):
     """The system back button."""
 
@@ -233,6 +247,7 @@ Action = (
     | TypeText
     | Scroll
     | Select
+    | Drag
     | NavigateBack
     | NavigateHome
     | OpenApp
@@ -375,6 +390,8 @@ def _from_dict(obj: dict[str, Any]) -> Action:
         return Scroll(direction, _optional_int(fields, "index", MAX_INDEX))  # type: ignore[arg-type]
     if kind is ActionType.SELECT:
         return _select(fields)
+    if kind is ActionType.DRAG:
+        return _drag(fields)
     if kind is ActionType.OPEN_APP:
         return OpenApp(_text(fields, "app_name", 100))
     if kind is ActionType.STATUS:
@@ -414,6 +431,17 @@ def _select(fields: dict[str, Any]) -> Select:
     if has_text:
         return Select(index, text=_text(fields, "text", MAX_TEXT_CHARS))
     return Select(index, option=_optional_int(fields, "option", MAX_INDEX))
+
+
+def _drag(fields: dict[str, Any]) -> Drag:
+    for key in ("index", "target"):
+        if key not in fields:
+            raise _Reject(f"drag needs '{key}' (the element to {'drag' if key == 'index' else 'drop it on'})")
+    index, target = _optional_int(fields, "index", MAX_INDEX), _optional_int(fields, "target", MAX_INDEX)
+    assert index is not None and target is not None  # present, checked above
+    if index == target:
+        raise _Reject("drag needs a 'target' other than the dragged element 'index'")
+    return Drag(index, target)
 
 
 def _optional_int(fields: dict[str, Any], key: str, maximum: int) -> int | None:

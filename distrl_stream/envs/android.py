@@ -320,7 +320,8 @@ class AndroidEnv(EnvBase):
                 return [["shell", "monkey", "-p", package, "-c", "android.intent.category.LAUNCHER", "1"]]
             case Wait():
                 return []
-        return f"unsupported action {action.to_text()}"
+        # Kinds made for web pages (select, drag) have no adb command.
+        return f"the device has no {action.action_type.value} action ({action.to_text()})"
 
     def _point(
         self, index: int | None, x: int | None, y: int | None, els: tuple[UIElement, ...]

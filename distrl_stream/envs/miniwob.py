@@ -17,17 +17,21 @@ from __future__ import annotations
 import asyncio
 import io
 import logging
+import math
+import re
 import shutil
 import tempfile
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Final
 
 from distrl_stream.config import EnvConfig
 from distrl_stream.envs.actions import (
+    MAX_TEXT_CHARS,
     Action,
     Click,
+    Drag,
     KeyboardEnter,
     LongPress,
     NavigateBack,
@@ -56,8 +60,9 @@ CHROME_FLAGS: Final = (
     "--disable-sync",
     "--disable-dev-shm-usage",
 )
-# More elements than this would blow the prompt budget; the learnable subset stays far below it.
-MAX_ELEMENTS: Final = 30
+# More elements than this would blow the prompt budget; a month's calendar (31 days and its header) and the form
+# around it fit, and the learnable subset stays far below it.
+MAX_ELEMENTS: Final = 48
 _FIELD_TAGS: Final = frozenset(
     {
         "input_text",
@@ -71,16 +76,26 @@ _FIELD_TAGS: Final = frozenset(
         "textarea",
     }
 )
+# Widgets whose value is a number set through jQuery UI (typing a number sets it).
+_NUMBER_WIDGETS: Final = frozenset({"slider", "spinner"})
 _KINDS: Final = {"button": "button", "input_checkbox": "checkbox", "input_radio": "radio", "a": "link"}
+# Texts offered for typing into one field: enough for the page's words, few enough to keep choice mode short.
+MAX_TYPED: Final = 40
+_QUOTED: Final = re.compile(r'"([^"]+)"|\'([^\']+)\'')
+_NUMBER: Final = re.compile(r"[-+]?\d[\d/:.,-]*")
+_WORD: Final = re.compile(r"[^\W_]+(?:['-][^\W_]+)*")
 # Pixels a wheel or element scroll moves: most of MiniWoB's 160x210 task area.
 SCROLL_PX: Final = 150
 
-# Widgets MiniWoB's DOM list leaves out or flattens: dropdowns and list boxes (their options), jQuery UI sliders
-# (the value lives in the widget), and scrollable containers (whether there is more above or below).
+# Widgets MiniWoB's DOM list leaves out or flattens: dropdowns and list boxes (their options), jQuery UI sliders and
+# spinners (the value lives in the widget), read-only fields (filled by a widget, e.g. a date picker, never typed
+# into), and scrollable containers (whether there is more above or below); and which elements can be dragged
+# (inside jQuery UI draggables, items of sortable lists, HTML draggables: which one, by its ref).
 _WIDGETS_JS: Final = """
-var out = {}, info = core.previousDOMInfo || {};
+var out = {}, draggable = {}, info = core.previousDOMInfo || {};
 for (var ref in info) {
-  var el = info[ref];
+  var el = info[ref], root = el.closest && el.closest('.ui-draggable, .ui-sortable > *, [draggable="true"]');
+  if (root) draggable[ref] = root.dataset.wob_ref;
   if (el instanceof HTMLSelectElement) {
     var options = Array.from(el.options);
     out[ref] = {kind: 'select', multiple: el.multiple, options: options.map(function (o) { return o.text.trim(); }),
@@ -89,13 +104,32 @@ for (var ref in info) {
     var s = jQuery(el);
     out[ref] = {kind: 'slider', value: String(s.slider('value')),
                 min: String(s.slider('option', 'min')), max: String(s.slider('option', 'max'))};
+  } else if (el.classList && el.classList.contains('ui-spinner-input') && window.jQuery) {
+    var n = jQuery(el);
+    var low = n.spinner('option', 'min'), high = n.spinner('option', 'max');
+    out[ref] = {kind: 'spinner', value: String(n.spinner('value')),
+                min: low == null ? '' : String(low), max: high == null ? '' : String(high)};
+  } else if ((el instanceof HTMLInputElement || el instanceof HTMLTextAreaElement) && el.readOnly) {
+    out[ref] = {kind: 'readonly'};
   } else if (el instanceof HTMLElement && !(el instanceof HTMLTextAreaElement) && el.scrollHeight > el.clientHeight + 1
              && /(auto|scroll)/.test(getComputedStyle(el).overflowY)) {
     out[ref] = {kind: 'scroll', up: el.scrollTop > 0, down: el.scrollTop + el.clientHeight < el.scrollHeight - 1};
   }
 }
-return out;
+return [out, draggable];
 """
+# A point on the empty page: below the task area, or the window's bottom-left corner.
+_OUTSIDE_JS: Final = """
+var wrap = document.getElementById('wrap').getBoundingClientRect();
+return [1, Math.min(window.innerHeight - 1, wrap.bottom + 20)];
+"""
+# Where an element's centre is in the window now (for a text run: its parent's).
+_CENTRE_JS: Final = """
+var r = core.previousDOMInfo[arguments[0]].getBoundingClientRect();
+return [r.left + r.width / 2, r.top + r.height / 2];
+"""
+# Pointer moves between the press and the release of a drag: jQuery UI starts a drag only after the pointer has moved.
+DRAG_STEPS: Final = 8
 # Scroll an element (or a text run's parent) into view; how far it moved, and the viewport's size.
 _INTO_VIEW_JS: Final = """
 var el = core.previousDOMInfo[arguments[0]];
@@ -112,13 +146,15 @@ if (el.multiple) { option.selected = !option.selected; } else { el.selectedIndex
 el.dispatchEvent(new Event('input', {bubbles: true}));
 el.dispatchEvent(new Event('change', {bubbles: true}));
 """
-# A focused date or time input keeps typing into the segment its caret is in; refocusing starts at the first one.
+# Typing into a numbered field replaces what it holds (as in the simulator); a focused date or time input keeps
+# typing into the segment its caret is in, so it is blurred first and refocusing starts at the first segment.
 _FOCUS_JS: Final = """
 var el = core.previousDOMInfo[arguments[0]];
 if (el.type === 'date' || el.type === 'time') el.blur();
+el.value = '';
 return core.elementClick(arguments[0]);
 """
-_SLIDER_JS: Final = "jQuery(core.previousDOMInfo[arguments[0]]).slider('value', arguments[1]);"
+_NUMBER_WIDGET_JS: Final = "jQuery(core.previousDOMInfo[arguments[0]])[arguments[1]]('value', arguments[2]);"
 _SCROLL_ELEMENT_JS: Final = """
 var el = core.previousDOMInfo[arguments[0]], top = el.scrollTop, left = el.scrollLeft;
 el.scrollBy(arguments[1], arguments[2]);
@@ -139,6 +175,8 @@ class _Handle:
     ref: int
     anchor: int
     widget: dict[str, Any] | None = None
+    value: str = ""
+    draggable: bool = False
 
 
 class MiniWoBEnv(EnvBase):
@@ -183,11 +221,19 @@ class MiniWoBEnv(EnvBase):
     def candidates(self, observation: Observation) -> list[str]:
         """Choice-mode actions on the current screen.
 
-        A click on every element but dropdowns and lists; for each text field or slider, the task's field values
-        typed into it; for each dropdown, a pick of each option not already picked (every option of a list box,
-        where a pick toggles); for each scrollable list, a scroll towards the side that has more.
+        A click on every element but dropdowns and lists; for each text field or slider, text typed into it (see
+        :func:`_typed_values`); for each dropdown, a pick of each option not already picked (every option of a list
+        box, where a pick toggles); for each scrollable list, a scroll towards the side that has more; for each
+        draggable element, a drag onto every other draggable element (a sortable list's items, the boxes of a page).
         """
         out: list[str] = []
+        page = [
+            (el.index, self._handles[el.index].value if el.kind == "field" else el.text)
+            for el in observation.elements
+            if el.index < len(self._handles) and el.kind in ("text", "field")
+        ]
+        draggable = [el.index for el in observation.elements if el.index < len(self._handles)]
+        draggable = [k for k in draggable if self._handles[k].draggable]
         for el in observation.elements:
             widget = self._handles[el.index].widget if el.index < len(self._handles) else None
             if el.kind == "select" and widget is not None:
@@ -201,8 +247,14 @@ class MiniWoBEnv(EnvBase):
                 out.extend(Scroll(d, el.index).to_text() for d in ("up", "down") if widget[d])  # type: ignore[arg-type]
                 continue
             if el.editable:
-                out.extend(TypeText(text=value, index=el.index).to_text() for value in self._fields)
+                texts = [text for k, text in page if k != el.index]
+                values = _typed_values(self._fields, observation.instruction, texts)
+                if el.kind in _NUMBER_WIDGETS:
+                    values = [value for value in values if _is_number(value)]
+                out.extend(TypeText(text=value, index=el.index).to_text() for value in values)
             out.append(Click(index=el.index).to_text())
+            if el.index in draggable:
+                out.extend(Drag(el.index, target).to_text() for target in draggable if target != el.index)
         return out
 
     async def close(self) -> None:
@@ -238,7 +290,11 @@ class MiniWoBEnv(EnvBase):
             elif self._gym.subdomain != task.template:
                 self._gym.instance.load(task.template)
                 self._gym.subdomain = task.template
-            self._gym.instance.driver.execute_script(f"core.EPISODE_MAX_TIME = {self._episode_ms};")
+            driver = self._gym.instance.driver
+            driver.execute_script(f"core.EPISODE_MAX_TIME = {self._episode_ms};")
+            # A popup the last episode left open outside the task area (a date picker) would make the same seed start
+            # differently; a click on the empty page below the task closes it, as it would for a person.
+            _click_at(*driver.execute_script(_OUTSIDE_JS), driver)
             obs, _ = self._gym.reset(
                 seed=task.seed, options={"data_mode": task.split, "record_screenshots": self._screenshots}
             )
@@ -296,7 +352,7 @@ class MiniWoBEnv(EnvBase):
         handle = self._handles[index] if index is not None else None
         match action:
             case Click() if element is not None and handle is not None:
-                if element.editable or handle.ref < 0 or element.kind == "select":
+                if element.editable or handle.ref < 0 or element.kind in ("field", "select"):
                     # A real pointer click where a script click falls short: headless chromium fires no focus event
                     # for element.focus() (focus-text needs one), and text runs (negative refs) are not DOM elements.
                     return self._pointer_click(element, handle, driver)
@@ -307,14 +363,18 @@ class MiniWoBEnv(EnvBase):
             case TypeText(text=text) if element is not None and handle is not None:
                 if not element.editable:
                     return f"element {index} ({element.kind}) is not a text field"
-                if element.kind == "slider":
-                    return _set_slider(index, text, handle, driver)
+                if element.kind in _NUMBER_WIDGETS:
+                    return _set_number(index, text, element.kind, handle, driver)
                 driver.execute_script(_FOCUS_JS, handle.ref)
                 execute_type_text(text, driver)
             case TypeText(text=text):
                 execute_type_text(text, driver)
             case Select() if element is not None and handle is not None:
                 return _select(action, element, handle, driver)
+            case Drag(target=target) if element is not None and handle is not None:
+                if target >= n:
+                    return f"no element {target} on this page (it has 0..{n - 1})"
+                return self._drag(element, handle, self._handles[target], driver)
             case KeyboardEnter():
                 execute_press_key("<Enter>", driver)
             case Scroll(direction=direction) if handle is not None:
@@ -346,6 +406,28 @@ class MiniWoBEnv(EnvBase):
             return f"element {element.index} is outside the window even after scrolling ({x:.0f}, {y:.0f})"
         return _click_at(x, y, driver)
 
+    def _drag(self, element: UIElement, handle: _Handle, target: _Handle, driver: Any) -> str | None:
+        """Press on the element's centre, move the pointer in steps onto the target's centre, release it there."""
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        if element.bounds is None:
+            return f"element {element.index} has no position on the page"
+        driver.execute_script(_INTO_VIEW_JS, handle.anchor)
+        (x, y), (tx, ty) = (driver.execute_script(_CENTRE_JS, h.anchor) for h in (handle, target))
+        width, height = driver.execute_script("return [window.innerWidth, window.innerHeight];")
+        for px, py in ((x, y), (tx, ty)):
+            if not (0 <= px < width and 0 <= py < height):
+                return f"({px:.0f}, {py:.0f}) is outside the {width}x{height} window"
+        chain = ActionChains(driver, duration=0)
+        pointer = chain.w3c_actions.pointer_action
+        pointer.move_to_location(int(x), int(y))
+        pointer.click_and_hold()
+        for k in range(1, DRAG_STEPS + 1):
+            pointer.move_to_location(int(x + (tx - x) * k / DRAG_STEPS), int(y + (ty - y) * k / DRAG_STEPS))
+        pointer.release()
+        chain.w3c_actions.perform()
+        return None
+
     def _observe(self, obs: dict[str, Any], done: bool) -> Observation:
         task = self.task
         instruction = obs.get("utterance") or (self._observation.instruction if self._observation else "")
@@ -353,11 +435,31 @@ class MiniWoBEnv(EnvBase):
             self._handles = []
             title = f"{task.template if task else 'MiniWoB'} (episode over)"
             return Observation(instruction, render_screen(title, ()), ())
-        widgets = self._gym.instance.driver.execute_script(_WIDGETS_JS)
-        elements, self._handles = _elements(obs["dom_elements"], {int(ref): w for ref, w in widgets.items()})
+        widgets, draggable = self._gym.instance.driver.execute_script(_WIDGETS_JS)
+        elements, self._handles = _elements(
+            obs["dom_elements"],
+            {int(ref): w for ref, w in widgets.items()},
+            {int(ref): str(root) for ref, root in draggable.items()},
+        )
         screenshot = _png(obs["screenshot"]) if self._screenshots else None
         title = task.template if task is not None else "MiniWoB"
         return Observation(instruction, render_screen(title, elements), elements, screenshot)
+
+
+def _typed_values(fields: list[str], instruction: str, texts: list[str]) -> list[str]:
+    """What choice mode offers to type into a field, most likely first, at most :data:`MAX_TYPED`.
+
+    The task's field values (MiniWoB's own extraction from the instruction), the instruction's quoted phrases and
+    number-like tokens (dates, times, amounts), then the page's other texts and field contents, whole and word by
+    word -- the text a person would copy from the screen into the field.
+    """
+    spans = [m[1] or m[2] for m in _QUOTED.finditer(instruction)]
+    spans += [m[0].rstrip(".,:;") for m in _NUMBER.finditer(instruction)]
+    words = [word for text in texts for word in _WORD.findall(text)]
+    # A field's contents are copied verbatim, trailing space and all; the rest is trimmed.
+    values = [*(v.strip() for v in (*fields, *spans)), *texts, *words]
+    unique = dict.fromkeys(v for v in values if v.strip() and len(v) <= MAX_TEXT_CHARS and v.isprintable())
+    return list(unique)[:MAX_TYPED]
 
 
 def _first_line(exc: BaseException) -> str:
@@ -394,18 +496,31 @@ def _select(action: Select, element: UIElement, handle: _Handle, driver: Any) ->
     return None
 
 
-def _set_slider(index: int | None, text: str, handle: _Handle, driver: Any) -> str | None:
-    """Move a jQuery UI slider to a number within its range (the page reads the widget's value)."""
-    assert handle.widget is not None  # sliders are recognised from their widget details
+def _set_number(index: int | None, text: str, kind: str, handle: _Handle, driver: Any) -> str | None:
+    """Set a jQuery UI slider or spinner to a number within its range (the page reads the widget's value)."""
+    assert handle.widget is not None  # sliders and spinners are recognised from their widget details
     try:
         value = float(text)
     except ValueError:
-        return f"element {index} is a slider: type a number, not {text[:40]!r}"
-    low, high = float(handle.widget["min"]), float(handle.widget["max"])
+        return f"element {index} is a {kind}: type a number, not {text[:40]!r}"
+    low, high = _bound(handle.widget["min"], -math.inf), _bound(handle.widget["max"], math.inf)
     if not low <= value <= high:
-        return f"element {index} is a slider from {handle.widget['min']} to {handle.widget['max']}, not {text}"
-    driver.execute_script(_SLIDER_JS, handle.ref, int(value) if value.is_integer() else value)
+        return f"element {index} is a {kind} from {handle.widget['min']} to {handle.widget['max']}, not {text}"
+    driver.execute_script(_NUMBER_WIDGET_JS, handle.ref, kind, int(value) if value.is_integer() else value)
     return None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _bound(text: str, unbounded: float) -> float:
+    # A spinner without a minimum or maximum has an empty one.
+    return float(text) if _is_number(text) else unbounded
 
 
 def _png(pixels: Any) -> bytes:
@@ -417,9 +532,14 @@ def _png(pixels: Any) -> bytes:
 
 
 def _elements(
-    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]]
+    dom: tuple[dict[str, Any], ...], widgets: dict[int, dict[str, Any]], draggable: dict[int, str]
 ) -> tuple[tuple[UIElement, ...], list[_Handle]]:
-    """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in."""
+    """Numbered elements from MiniWoB's DOM list: leaves with text, controls, widgets; checkbox labels folded in.
+
+    ``draggable`` maps the refs inside a draggable to the draggable's own ref: one element stands for it, its first
+    one that is not an icon (a sortable item by its label, a dialog by its title, not by every button in it).
+    """
+    roots: list[str | None] = []
     by_parent: dict[int, list[dict[str, Any]]] = {}
     for el in dom:
         by_parent.setdefault(int(el["parent"]), []).append(el)
@@ -437,8 +557,12 @@ def _elements(
         if widget is not None and widget["kind"] == "select":
             kind, text = "select", " | ".join(widget["options"]) or "(no options)"
             state = ", ".join(widget["options"][k] for k in widget["selected"])
-        elif widget is not None and widget["kind"] == "slider":
-            kind, text, state, editable = "slider", f"{widget['min']}..{widget['max']}", widget["value"], True
+        elif widget is not None and widget["kind"] in _NUMBER_WIDGETS:
+            kind, state, editable = widget["kind"], widget["value"], True
+            text = f"{widget['min']}..{widget['max']}" if widget["min"] and widget["max"] else "number"
+        elif widget is not None and widget["kind"] == "readonly":
+            kind, state, editable = "field", str(el["value"]), False
+            text = text or str(el["id"]) or "input"
         elif widget is not None:
             kind, text = "list", "scrollable"
             state = " and ".join(
@@ -454,17 +578,34 @@ def _elements(
             state = "checked" if str(el["value"]).lower() == "true" else "unchecked"
         elif "alink" in str(el["classes"]).split():
             kind = "link"
+        elif not text and tag != "t" and (str(el["classes"]).strip() or el["id"]):
+            # A control drawn as an image or icon (email-inbox's trash and star, social-media's like and retweet, a
+            # tic-tac-toe cell): no text, so it is named by its classes, else its id, the only names the page gives.
+            kind, text = "icon", " ".join(str(el["classes"]).split()) or str(el["id"])
         elif not text:
             continue
+        anchor = ref if ref >= 0 else int(el["parent"])
         if el["flags"][0]:
             state = f"{state}, focused" if state else "focused"
         left, top = float(el["left"][0]), float(el["top"][0])
         width, height = float(el["width"][0]), float(el["height"][0])
         bounds = (int(left), int(top), int(left + width), int(top + height))
         out.append(UIElement(len(out), kind, text, state, clickable=True, editable=editable, bounds=bounds))
-        handles.append(_Handle(ref, ref if ref >= 0 else int(el["parent"]), widget))
+        value = str(el["value"]) if tag in _FIELD_TAGS else ""
+        handles.append(_Handle(ref, anchor, widget, value))
+        roots.append(draggable.get(anchor))
         if len(out) >= MAX_ELEMENTS:
             break
+    chosen: dict[str, int] = {}
+    for k, root in enumerate(roots):
+        if root is None:
+            continue
+        if root not in chosen or (out[chosen[root]].kind == "icon" and out[k].kind != "icon"):
+            chosen[root] = k
+    for k in chosen.values():
+        state = out[k].state
+        out[k] = replace(out[k], state=f"draggable, {state}" if state else "draggable")
+        handles[k] = replace(handles[k], draggable=True)
     return tuple(out), handles
 
 

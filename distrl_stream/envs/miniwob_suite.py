@@ -10,10 +10,14 @@ earns the page's own reward; otherwise the row says why not:
 - ``budget``: the per-task time or episode budget ran out first;
 - ``error``: the task did not reset or step cleanly (the message says what failed).
 
-Candidates that share words with the instruction are tried first (it only orders the search; every candidate is
-still tried). A step that leaves the screen text unchanged continues the same episode (no reset): the page looked
-the same, so the next candidate is tried from there, and the path recorded is the one actually played. Screens
-already seen are not expanded twice.
+Candidates that share words with the instruction are tried first, text typed verbatim from the instruction before other
+text, and among equals actions on controls before clicks on plain text (it only orders the search; every candidate is
+still tried; numbers match by value, so ``05`` names ``5``).
+Typing into a field replaces its text, so after a step that typed into a field the search does not type into that field
+again straight away: that sequence is the same as typing the second text alone, which is tried anyway. A step that
+leaves the screen unchanged continues the same episode (no reset): the page looked the same, so the next
+candidate is tried from there, and the path recorded is the one actually played. Screens already seen are not expanded
+twice.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from distrl_stream.envs.actions import parse_action
+from distrl_stream.envs.actions import Click, TypeText, parse_action
 from distrl_stream.envs.base import Observation, Task
 from distrl_stream.envs.miniwob import MiniWoBEnv
 
@@ -105,7 +109,7 @@ async def check_task(
         env: the browser to run it in (left open; reused across tasks).
         name: the MiniWoB task name.
         seed: the page seed every branch re-runs.
-        budget_s: wall-clock seconds for the whole search.
+        budget_s: wall-clock seconds for the search (from the first screen on).
         max_episodes: resets the search may use.
         max_depth: the longest candidate sequence tried (steps that leave the screen unchanged do not count).
 
@@ -126,10 +130,12 @@ async def check_task(
     try:
         budget.spend()
         first = await env.reset(task)
+        # The search's clock starts once the page is up: a browser's first start (seconds under load) is not search.
+        budget.deadline = time.monotonic() + budget_s
         n_candidates = len(env.candidates(first))
         # Frontier: the actions that reach a screen, its depth (screens changed on the way), its candidates.
-        frontier: deque[tuple[tuple[str, ...], int, list[str]]] = deque([((), 0, _ordered(env, first))])
-        seen = {first.text}
+        frontier: deque[tuple[tuple[str, ...], int, list[str]]] = deque([((), 0, _ordered(env, first, None))])
+        seen = {_screen(first)}
         live: tuple[str, ...] | None = ()  # the path the browser's current episode has played, if still usable
         current = first
         while frontier:
@@ -151,17 +157,17 @@ async def check_task(
                     live = None if result.done else path
                     continue
                 after = result.observation
-                if after.text == current.text:
+                if _screen(after) == _screen(current):
                     live = path = (*path, option)  # nothing visible changed: go on from here
                     current = after
                     continue
                 live = None
-                if after.text not in seen and depth + 1 < max_depth:
+                if _screen(after) not in seen and depth + 1 < max_depth:
                     # Depth first while the browser is already there; this screen's other options come after.
-                    seen.add(after.text)
+                    seen.add(_screen(after))
                     live, current = (*path, option), after
                     frontier.appendleft((path, depth, options[k + 1 :]))
-                    frontier.appendleft((live, depth + 1, _ordered(env, after)))
+                    frontier.appendleft((live, depth + 1, _ordered(env, after, option)))
                     break
         if n_candidates == 0:
             return row(False, "unsupported", "nothing on the first screen to act on")
@@ -170,20 +176,44 @@ async def check_task(
         return row(False, "error", f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
 
 
-def _ordered(env: MiniWoBEnv, observation: Observation) -> list[str]:
-    """The screen's candidates, those naming more of the instruction's words first (stable otherwise)."""
-    words = set(_WORD.findall(observation.instruction.lower()))
+def _screen(observation: Observation) -> tuple[tuple[str, str, str], ...]:
+    """What a screen shows (focus included: a focused field may open a picker the page does not list)."""
+    return tuple((e.kind, e.text, e.state) for e in observation.elements)
 
-    def overlap(option: str) -> int:
-        # What the option names: the text it types or picks, else the label of the element it acts on.
+
+def _ordered(env: MiniWoBEnv, observation: Observation, came_by: str | None) -> list[str]:
+    """The screen's candidates, those naming more of the instruction's words first (stable otherwise).
+
+    ``came_by`` is the step that led to this screen: after typing into a field, typing into it again is left out.
+    """
+    instruction = observation.instruction
+    words = _words(instruction)
+    retyped = parse_action(came_by) if came_by is not None else None
+    if not isinstance(retyped, TypeText) or retyped.index is None:
+        retyped = None
+
+    def overlap(option: str) -> tuple[int, bool]:
+        # What the option names: the text it types or picks, else the label of the element it acts on; among equals,
+        # acting on a control (a button, link, field, widget) before clicking plain text, which rarely does anything.
         action = parse_action(option)
         named = getattr(action, "text", None)
         index = getattr(action, "index", None)
+        verbatim = isinstance(action, TypeText) and action.text in instruction
+        control = not isinstance(action, Click) or index is None or observation.elements[index].kind != "text"
         if named is None and index is not None:
             named = observation.elements[index].text
-        return len(words & set(_WORD.findall(f"{action.action_type} {named or ''}".lower())))
+        return len(words & _words(f"{action.action_type} {named or ''}")) + verbatim, control
 
-    return sorted(env.candidates(observation), key=overlap, reverse=True)
+    def kept(option: str) -> bool:
+        action = parse_action(option)
+        return retyped is None or not (isinstance(action, TypeText) and action.index == retyped.index)
+
+    return sorted(filter(kept, env.candidates(observation)), key=overlap, reverse=True)
+
+
+def _words(text: str) -> set[str]:
+    """Lower-case words; numbers by value (``05`` and ``5`` are the same word)."""
+    return {str(int(word)) if word.isdigit() else word for word in _WORD.findall(text.lower())}
 
 
 async def _replay(env: MiniWoBEnv, task: Task, path: tuple[str, ...]) -> Observation | None:

@@ -12,6 +12,7 @@ from distrl_stream.envs.actions import (
     MAX_ACTION_CHARS,
     Action,
     Click,
+    Drag,
     InvalidAction,
     KeyboardEnter,
     LongPress,
@@ -46,6 +47,7 @@ actions: st.SearchStrategy[Action] = st.one_of(
     st.builds(Scroll, direction=st.sampled_from(["up", "down", "left", "right"]), index=st.none() | indices),
     st.builds(Select, index=indices, text=typable),
     st.builds(lambda i, k: Select(i, option=k), indices, indices),
+    st.builds(Drag, index=indices, target=indices).filter(lambda d: d.index != d.target),
     st.just(NavigateBack()),
     st.just(NavigateHome()),
     st.builds(OpenApp, app_name=typable),
@@ -60,9 +62,9 @@ json_values = st.recursive(
     max_leaves=12,
 )
 keys = st.sampled_from(
-    ["action_type", "index", "x", "y", "text", "option", "direction", "app_name", "goal_status", "extra"]
+    ["action_type", "index", "target", "x", "y", "text", "option", "direction", "app_name", "goal_status", "extra"]
 )
-kinds = st.sampled_from(["click", "type", "scroll", "select", "status", "open_app", "wait", "up", "complete"])
+kinds = st.sampled_from(["click", "type", "scroll", "select", "drag", "status", "open_app", "wait", "up", "complete"])
 
 
 @given(st.text(max_size=300))
@@ -109,6 +111,7 @@ def test_canonical_key_order_is_fixed() -> None:
     assert Status("complete").to_text() == '{"action_type":"status","goal_status":"complete"}'
     assert Select(3, text="Blue").to_text() == '{"action_type":"select","index":3,"text":"Blue"}'
     assert Select(3, option=0).to_text() == '{"action_type":"select","index":3,"option":0}'
+    assert Drag(1, 4).to_text() == '{"action_type":"drag","index":1,"target":4}'
 
 
 def test_androidworld_aliases_render_under_our_names() -> None:
@@ -144,6 +147,10 @@ def test_androidworld_aliases_render_under_our_names() -> None:
         ('{"action_type": "select", "index": 1, "text": "a", "option": 0}', "either 'text' or 'option'"),
         ('{"action_type": "select", "index": 1, "option": "0"}', "'option' must be an integer, got str"),
         ('{"action_type": "select", "index": 1, "text": "a", "x": 1}', "select does not take 'x'"),
+        ('{"action_type": "drag", "index": 1}', "drag needs 'target'"),
+        ('{"action_type": "drag", "target": 1}', "drag needs 'index'"),
+        ('{"action_type": "drag", "index": 2, "target": 2}', "other than the dragged element"),
+        ('{"action_type": "drag", "index": 1, "target": 2.0}', "'target' must be an integer"),
         ("[" * 100_000, f"longer than {MAX_ACTION_CHARS}"),
     ],
 )

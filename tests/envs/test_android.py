@@ -132,6 +132,8 @@ async def test_type_into_a_field_taps_it_first(device: Device) -> None:
         ('{"action_type":"type","text":"café"}', "printable ASCII only"),
         ('{"action_type":"open_app","app_name":"Clock"}', "no package known for app 'Clock'"),
         ('{"action_type":"click","x":5000,"y":10}', "off the 1080x2400 screen"),
+        ('{"action_type":"drag","index":0,"target":1}', "the device has no drag action"),
+        ('{"action_type":"select","index":0,"option":1}', "the device has no select action"),
     ],
 )
 async def test_impossible_actions_send_nothing_and_say_why(device: Device, action: str, reason: str) -> None:

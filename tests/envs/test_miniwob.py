@@ -11,6 +11,7 @@ import pytest
 import pytest_asyncio
 
 from distrl_stream.config import load_config
+from distrl_stream.envs.actions import Drag, TypeText
 from distrl_stream.envs.base import Observation
 from distrl_stream.envs.miniwob import MiniWoBEnv
 from distrl_stream.envs.miniwob_suite import suite_tasks
@@ -220,3 +221,79 @@ async def test_every_task_of_the_suite_resets_and_steps_without_error(env: MiniW
         options = env.candidates(obs)
         result = await env.step(options[0] if options else '{"action_type":"wait"}')
         assert result.info.step == 1, task.id
+
+
+async def test_spinner_typed_to_a_value_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["use-spinner"], "train", 1)[0])
+    target = re.fullmatch(r"Select (-?\d+) with the spinner and hit Submit\.", obs.instruction)
+    assert target is not None
+    spinner = index_of(obs, "spinner")  # its keyboard entry is blocked by the page: the widget's value is set
+    text = f'{{"action_type":"type","index":{spinner},"text":"{target[1]}"}}'
+    assert text in env.candidates(obs)
+    result = await env.step(text)
+    assert result.observation.elements[spinner].state == target[1]
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_date_picker_day_clicked_after_opening_it_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["choose-date-easy"], "train", 1)[0])
+    target = re.fullmatch(r"Select 12/(\d\d)/2016 as the date and hit submit\.", obs.instruction)
+    assert target is not None
+    field = index_of(obs, "field")
+    assert not obs.elements[field].editable  # read-only: only the picker fills it
+    assert not any('"type"' in text for text in env.candidates(obs))
+    opened = (await env.step(f'{{"action_type":"click","index":{field}}}')).observation
+    day = index_of(opened, "link", str(int(target[1])))  # December 2016 is the only month the picker allows
+    result = await env.step(f'{{"action_type":"click","index":{day}}}')
+    assert result.observation.elements[field].state.startswith(f"12/{target[1]}/2016")
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_text_copied_from_the_page_is_a_candidate_and_earns_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["copy-paste"], "train", 1)[0])
+    source, answer = (e.index for e in obs.elements if e.kind == "field")
+    if obs.elements[source].text != "to-copy":
+        source, answer = answer, source
+    copied = env._handles[source].value  # the textarea's whole text, trailing space included
+    text = TypeText(text=copied, index=answer).to_text()
+    assert text in env.candidates(obs)
+    await env.step(f'{{"action_type":"type","index":{answer},"text":"stale"}}')
+    result = await env.step(text)  # typing replaces what the field held
+    assert result.observation.elements[answer].state.startswith(copied.strip())
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+
+
+async def test_drags_onto_sortable_items_and_boxes_earn_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["drag-items"], "train", 1)[0])
+    target = re.fullmatch(r"Drag (\w+) to the (\d)\w\w position\.", obs.instruction)
+    assert target is not None, obs.instruction  # the seed asks for a numbered position
+    items = [e.index for e in obs.elements if "draggable" in e.state]  # each item by its label, not its icon
+    assert [obs.elements[k].kind for k in items] == ["text"] * 5
+    text = Drag(index_of(obs, "text", target[1]), items[int(target[2]) - 1]).to_text()
+    assert text in env.candidates(obs)
+    result = await env.step(text)
+    assert result.info.success, result.info.extra
+
+    obs = await env.reset(miniwob_tasks(["drag-box"], "train", 1)[0])
+    small, large = index_of(obs, "text", "s"), index_of(obs, "text", "L")
+    result = await env.step(Drag(small, large).to_text())
+    assert result.info.valid and not result.done
+    result = await env.step(f'{{"action_type":"click","index":{index_of(obs, "button", "Submit")}}}')
+    assert result.info.success, result.info.extra
+    beyond = await env.reset(miniwob_tasks(["drag-box"], "train", 1)[0])
+    refused = await env.step(Drag(small, 99).to_text())
+    assert not refused.info.valid and "no element 99" in (refused.info.reason or "")
+    assert refused.observation == beyond
+
+
+async def test_icons_without_text_are_named_by_their_classes_and_earn_the_page_reward(env: MiniWoBEnv) -> None:
+    obs = await env.reset(miniwob_tasks(["email-inbox-delete"], "train", 1)[0])
+    target = re.fullmatch(r"Find the email by (\w+) and click the trash icon to delete it\.", obs.instruction)
+    assert target is not None
+    sender = index_of(obs, "text", target[1])
+    trash = next(e.index for e in obs.elements[sender:] if e.kind == "icon" and e.text == "trash")
+    result = await env.step(f'{{"action_type":"click","index":{trash}}}')
+    assert result.info.success, result.info.extra

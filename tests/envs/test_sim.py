@@ -112,6 +112,8 @@ INVALID = [
     '{"action_type":"click","x":5000,"y":10}',
     "tap the settings icon",
     '{"action_type":"click"}',
+    '{"action_type":"select","index":0,"text":"x"}',
+    '{"action_type":"drag","index":0,"target":1}',
 ]
 
 

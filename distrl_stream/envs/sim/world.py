@@ -218,7 +218,8 @@ class World:
                 return Applied(True)
             case Status(goal_status=goal_status):
                 return Applied(True, status=goal_status)
-        return Applied(False, f"unsupported action {action!r}")  # pragma: no cover - the match is exhaustive
+        # Kinds made for web pages (select, drag) have nothing to act on in this world.
+        return Applied(False, f"the simulator has no {action.action_type.value} action ({action.to_text()})")
 
     def _target(self, action: Click | LongPress, els: list[_El]) -> tuple[int, str | None]:
         if action.index is not None:
