@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+CLI = str(Path(sys.executable).with_name("distrl-stream"))
+
 
 def run_cli(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["distrl-stream", *args], capture_output=True, text=True, timeout=timeout_s, check=False)
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def test_an_unknown_task_is_one_line_naming_the_option() -> None:
@@ -19,7 +23,7 @@ def test_an_unknown_task_is_one_line_naming_the_option() -> None:
 
 
 @pytest.mark.browser
-def test_the_check_solves_a_simple_task_and_writes_the_table(tmp_path) -> None:
+def test_the_check_solves_a_simple_task_and_writes_the_table(tmp_path: Path) -> None:
     table = tmp_path / "support.md"
     result = run_cli("envs", "miniwob-check", "--task", "click-button", "--budget-s", "20", "--markdown", str(table))
     assert result.returncode == 0, result.stderr
