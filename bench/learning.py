@@ -250,7 +250,7 @@ def train(
                 proc.kill()
                 proc.wait()
         watcher.stop()
-        unload_all_adapters(server_url)  # the next method's versions start at 1 again
+        unload_all_adapters(server_url, api_key=cfg.inference.api_key)  # the next method's versions start at 1 again
     topics = TopicNames(run)
     versions = [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, topics.weights)]
     result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
@@ -308,7 +308,7 @@ async def evaluate_curve(
                 )
                 log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
     finally:
-        unload_all_adapters(server_url)
+        unload_all_adapters(server_url, api_key=cfg.inference.api_key)
     return curve
 
 
@@ -425,7 +425,7 @@ def main() -> None:
             warm = asyncio.run(
                 VersionEvaluator(cfg, server_url, root / "staging-warm").evaluate(warm_event, tasks, concurrency=16)
             )
-            unload_all_adapters(server_url)
+            unload_all_adapters(server_url, api_key=cfg.inference.api_key)
             log.info(
                 "untrained %.2f, scripted (noise %.2f) %.2f, warm start %.2f",
                 untrained.success_rate,

@@ -18,7 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from typer.core import TyperGroup
 
 from distrl_stream.config import Config, load_config
-from distrl_stream.errors import ConfigError, DistrlError
+from distrl_stream.errors import ConfigError, DistrlError, KafkaAuthenticationError
 
 err_console = Console(stderr=True)
 
@@ -72,10 +72,11 @@ def _drop_unset(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_command(fn: Any, *args: Any, **kwargs: Any) -> Any:
-    """Call library code, turning a DistrlError into a one-line message and exit code 1."""
+    """Call library code, turning a DistrlError into a one-line message and exit code 1 (2 for bad configuration or
+    refused credentials: fixing the input is the only cure)."""
     try:
         return fn(*args, **kwargs)
-    except ConfigError as exc:
+    except (ConfigError, KafkaAuthenticationError) as exc:
         fail(str(exc), code=2)
     except DistrlError as exc:
         fail(str(exc))

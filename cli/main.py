@@ -9,6 +9,7 @@ import typer
 from distrl_stream.cli.bench import app as bench_app
 from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
+from distrl_stream.cli.envs import app as envs_app
 from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.learn import learn
 from distrl_stream.cli.model import app as model_app
@@ -38,6 +39,7 @@ app.command("learn")(learn)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")
+app.add_typer(envs_app, name="envs")
 app.add_typer(bench_app, name="bench")
 config_app = typer.Typer(help="Inspect the effective configuration.", no_args_is_help=True)
 app.add_typer(config_app, name="config")

@@ -31,12 +31,15 @@ class Section(BaseModel):
 
 
 def is_secret_property(name: str) -> bool:
-    """Whether a librdkafka property holds a password or key (``sasl.password``, ``ssl.key.password``,
-    ``ssl.keystore.password``, ``ssl.key.pem``, ``sasl.oauthbearer.client.secret``, ...)."""
+    """Whether a librdkafka (or Schema Registry client) property holds a password or key (``sasl.password``,
+    ``ssl.key.password``, ``ssl.keystore.password``, ``ssl.key.pem``, ``sasl.oauthbearer.client.secret``,
+    ``basic.auth.user.info``, ...)."""
     name = name.lower()
     return (
         any(word in name for word in ("password", "secret", "passphrase"))
         or name.endswith("key.pem")
+        # The Schema Registry client's user:password (basic.auth.user.info; our schema_registry_basic_auth).
+        or "basic.auth" in name.replace("_", ".")
         # Its unsecured-JWT settings can carry credentials; librdkafka itself treats it as sensitive.
         or name == "sasl.oauthbearer.config"
     )
@@ -69,11 +72,39 @@ class KafkaConfig(Section):
         description="Largest message (one whole trajectory) producers send and {run}.trajectories accepts.",
     )
     trajectory_retention_ms: int = Field(
-        -1, ge=-1, description="Retention of {run}.trajectories and {run}.dlq; -1 keeps them for replay."
+        -1, ge=-1, description="Retention of {run}.trajectories (retention.ms); -1 keeps them: they are the replay log."
     )
     metrics_retention_ms: int = Field(
         7 * 24 * 3600 * 1000, ge=-1, description="Retention of {run}.metrics (default 7 days; -1 keeps them)."
     )
+    dlq_retention_ms: int = Field(
+        28 * 24 * 3600 * 1000,
+        ge=-1,
+        description="Retention of {run}.dlq (default 28 days: time to look into bad records; -1 keeps them).",
+    )
+    schema_registry_url: str | None = Field(
+        None,
+        pattern=r"^(https?|mock)://\S+$",
+        description="A Confluent-compatible Schema Registry (Confluent, Karapace, Apicurio's ccompat API, Redpanda), "
+        "e.g. http://registry:8081: event schemas are registered under {topic}-value with BACKWARD_TRANSITIVE "
+        "compatibility and the wire ids come from it. None: the static ids of schemas/ids.json (offline mode). "
+        "mock:// is the client's in-process registry, for tests.",
+    )
+    schema_registry_basic_auth: SecretStr | None = Field(
+        None,
+        description="user:password for the registry's HTTP basic auth (the client's basic.auth.user.info); "
+        "masked in `config show` and logs.",
+    )
+    schema_registry_timeout_s: float = Field(
+        10.0, gt=0.0, description="Bound on each Schema Registry request (an unreachable registry fails start-up)."
+    )
+
+    @field_validator("schema_registry_basic_auth", mode="after")
+    @classmethod
+    def _user_and_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and ":" not in value.get_secret_value():
+            raise ValueError("must be user:password")
+        return value
 
     @field_validator("client", mode="after")
     @classmethod
@@ -322,6 +353,11 @@ class InferenceConfig(Section):
     port: int = Field(8000, ge=0, le=65535, description="Server port; 0 picks a free one at start.")
     url: str | None = Field(
         None, description="Base URL of an already running server (e.g. http://gpu-host:8000); overrides host/port."
+    )
+    api_key: SecretStr | None = Field(
+        None,
+        description="Key the server requires on every /v1 request (vLLM --api-key) and every client sends as "
+        "`Authorization: Bearer`. Env: DISTRL_INFERENCE__API_KEY. Kept masked: `config show` prints **********.",
     )
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (docs/design.md §8)."

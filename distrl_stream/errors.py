@@ -41,8 +41,29 @@ class EventDecodeError(DistrlError):
         self.schema_id = schema_id
 
 
+class RegistryError(DistrlError):
+    """The Schema Registry (``kafka.schema_registry_url``) refused a request or answered nonsense."""
+
+
+class RegistryUnavailableError(RegistryError):
+    """The Schema Registry could not be reached within the client's timeout and retries."""
+
+
+class IncompatibleSchemaError(RegistryError):
+    """An event schema would break its subject's BACKWARD_TRANSITIVE compatibility; ``subject`` names it."""
+
+    def __init__(self, subject: str, message: str) -> None:
+        super().__init__(f"{subject}: {message}")
+        self.subject = subject
+
+
 class KafkaClientError(DistrlError):
     """A Kafka client failed: invalid client configuration, undeliverable messages, a failed admin operation."""
+
+
+class KafkaAuthenticationError(KafkaClientError):
+    """The cluster refused the client's credentials or TLS handshake (wrong password, untrusted certificate):
+    retrying with the same settings cannot succeed. The message names the user and address, never the secret."""
 
 
 class RecordRejectedError(KafkaClientError):

@@ -177,7 +177,7 @@ class LocalStack:
         stage("vLLM server", "start")
         self.server = self._spawn("serve", ["serve", "--watch"])
         base_model = served_name(self.cfg.model.policy_id, 0)
-        wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s)
+        wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s, self.cfg.inference.api_key)
         stage("vLLM server", "done")
         stage("learner", "start")
         self.learner = self._spawn("learner", ["learn"])

@@ -1,3 +1,8 @@
 """Shared fixtures live in tests/fixtures/ as pytest plugins, one module per service."""
 
-pytest_plugins: list[str] = ["tests.fixtures.vllm", "tests.fixtures.kafka"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.vllm",
+    "tests.fixtures.kafka",
+    "tests.fixtures.registry",
+    "tests.fixtures.secured_kafka",
+]

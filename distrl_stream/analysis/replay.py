@@ -14,9 +14,10 @@ from datetime import datetime
 
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import ConfigError, EventDecodeError
-from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, decode, from_epoch_ms
+from distrl_stream.events import TrajectoryEvent, WeightVersionEvent, from_epoch_ms
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
+from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
 
 # (records read so far, records expected in all or None when a time range makes the total unknown up front)
@@ -170,6 +171,7 @@ def read_trajectories(
     selection = selection or ReplaySelection()
     counts = counts if counts is not None else ReadCounts()
     topic = TopicNames(run).trajectories
+    serde = use_schemas(kafka)
     total = _expected_records(kafka, topic, selection) if progress is not None else None
     for msg in read_topic(kafka, topic, since=selection.since, until=selection.until, timeout_s=timeout_s):
         counts.read += 1
@@ -179,7 +181,7 @@ def read_trajectories(
         if not selection.accepts(partition, offset):
             continue
         try:
-            event = decode(msg.value(), TrajectoryEvent)
+            event = serde.decode(msg.value(), TrajectoryEvent)
         except EventDecodeError as exc:
             counts.undecodable += 1
             counts.first_error = counts.first_error or f"{topic}[{partition}]@{offset}: {exc}"
@@ -195,9 +197,10 @@ def read_weight_versions(kafka: KafkaConfig, run: str, *, timeout_s: float = 60.
         KafkaClientError: the topic does not exist or the cluster did not answer.
     """
     versions = []
+    serde = use_schemas(kafka)
     for msg in read_topic(kafka, TopicNames(run).weights, timeout_s=timeout_s):
         try:
-            versions.append(decode(msg.value(), WeightVersionEvent))
+            versions.append(serde.decode(msg.value(), WeightVersionEvent))
         except EventDecodeError:
             continue  # already dead-lettered by the watcher that met it; a replay only reads
     return sorted(versions, key=lambda v: (v.created_at, v.version))

@@ -141,7 +141,9 @@ class VersionEvaluator:
 
         self.cfg = cfg
         self.server_url = server_url
-        self.loader = AdapterLoader(server_url, cfg.model.policy_id, keep_versions=1, staging_dir=staging_dir)
+        self.loader = AdapterLoader(
+            server_url, cfg.model.policy_id, keep_versions=1, staging_dir=staging_dir, api_key=cfg.inference.api_key
+        )
 
     async def evaluate(
         self, event: WeightVersionEvent | None, tasks: Sequence[Task], *, concurrency: int = 8

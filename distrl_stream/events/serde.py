@@ -18,7 +18,8 @@ from distrl_stream.events.records import EVENT_TYPES, Event
 from distrl_stream.events.store import SchemaEntry, SchemaStore, default_store
 
 MAGIC_BYTE = 0
-_HEADER = struct.Struct(">BI")
+# Confluent framing: the magic byte, then the big-endian schema id.
+HEADER = struct.Struct(">BI")
 
 E = TypeVar("E", bound=Event)
 
@@ -33,7 +34,7 @@ class Serde:
         self._readers: dict[int, tuple[type[Event], dict[str, Any], dict[str, Any] | None]] = {}
         for cls in EVENT_TYPES:
             latest = self.store.latest(cls.AVRO_NAME)
-            self._writers[cls] = (_HEADER.pack(MAGIC_BYTE, latest.id), latest.parsed)
+            self._writers[cls] = (HEADER.pack(MAGIC_BYTE, latest.id), latest.parsed)
         for entry in self.store:
             cls = next((c for c in EVENT_TYPES if entry.name == c.AVRO_NAME), None)
             if cls is not None:
@@ -42,7 +43,7 @@ class Serde:
 
     def schema_id(self, event_type: type[Event]) -> int:
         """The id this serde writes ``event_type`` with."""
-        return _HEADER.unpack(self._writers[event_type][0])[1]
+        return HEADER.unpack(self._writers[event_type][0])[1]
 
     def writer_schema(self, event_type: type[Event]) -> SchemaEntry:
         """The schema version this serde writes ``event_type`` with."""
@@ -57,6 +58,11 @@ class Serde:
         try:
             header, schema = self._writers[type(event)]
         except KeyError:
+            if type(event) in EVENT_TYPES:
+                raise EventEncodeError(
+                    f"{type(event).__name__}: no schema id to write it with (register the run's schemas first: "
+                    "ensure_run_topics)"
+                ) from None
             raise EventEncodeError(f"not an event: {type(event).__name__}") from None
         out = BytesIO()
         out.write(header)
@@ -83,22 +89,16 @@ class Serde:
         """
         if not data:
             raise EventDecodeError("empty", "no bytes (a null or empty message value)")
-        if len(data) < _HEADER.size:
-            raise EventDecodeError("too short", f"{len(data)} bytes, the header alone is {_HEADER.size}")
-        magic, schema_id = _HEADER.unpack_from(data)
+        if len(data) < HEADER.size:
+            raise EventDecodeError("too short", f"{len(data)} bytes, the header alone is {HEADER.size}")
+        magic, schema_id = HEADER.unpack_from(data)
         if magic != MAGIC_BYTE:
             raise EventDecodeError("bad magic byte", f"byte 0 is {data[0]:#04x}, expected 0x00 (Confluent framing)")
-        try:
-            cls, writer, reader = self._readers[schema_id]
-        except KeyError:
-            known = ", ".join(str(i) for i in sorted(self._readers))
-            raise EventDecodeError(
-                "unknown schema id", f"this build knows ids {known}; upgrade it or check the producer", schema_id
-            ) from None
+        cls, writer, reader = self._reader(schema_id)
         if expect is not None and cls is not expect:
             raise EventDecodeError("unexpected type", f"got {cls.__name__}, expected {expect.__name__}", schema_id)
         body = BytesIO(data)
-        body.seek(_HEADER.size)
+        body.seek(HEADER.size)
         try:
             record = schemaless_reader(body, writer, reader)
         except EOFError:
@@ -114,16 +114,33 @@ class Serde:
         except (TypeError, ValueError) as exc:
             raise EventDecodeError("malformed", f"{type(exc).__name__}: {exc}", schema_id) from None
 
+    def _reader(self, schema_id: int) -> tuple[type[Event], dict[str, Any], dict[str, Any] | None]:
+        """The event class, writer schema and reader schema (None: the writer's) of a wire id."""
+        try:
+            return self._readers[schema_id]
+        except KeyError:
+            known = ", ".join(str(i) for i in sorted(self._readers))
+            raise EventDecodeError(
+                "unknown schema id", f"this build knows ids {known}; upgrade it or check the producer", schema_id
+            ) from None
+
 
 _default: Serde | None = None
 
 
 def default_serde() -> Serde:
-    """The process-wide serde over the repository's schema store."""
+    """The process-wide serde: the static ids of the repository's schema store, unless a role's start-up installed
+    a registry-backed one (:func:`~distrl_stream.kafka.registry.use_schemas`)."""
     global _default
     if _default is None:
         _default = Serde()
     return _default
+
+
+def set_default_serde(serde: Serde) -> None:
+    """Make ``serde`` the process-wide serde that :func:`encode`, :func:`decode` and the Kafka wrappers use."""
+    global _default
+    _default = serde
 
 
 def encode(event: Event) -> bytes:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Self
 
 import httpx
+from pydantic import SecretStr
 
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
@@ -24,6 +25,11 @@ from distrl_stream.errors import InferenceError, InferenceRequestError, Inferenc
 log = logging.getLogger(__name__)
 
 Mode = Literal["choice", "free"]
+
+
+def auth_headers(api_key: SecretStr | None) -> dict[str, str]:
+    """The headers of a request to a server started with ``inference.api_key`` (none when it has no key)."""
+    return {"Authorization": f"Bearer {api_key.get_secret_value()}"} if api_key is not None else {}
 
 
 def served_name(policy_id: str, version: int) -> str:
@@ -82,6 +88,7 @@ class InferenceClient:
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=httpx.Timeout(cfg.request_timeout_s),
+            headers=auth_headers(cfg.api_key),
             limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
         )
         self._version = 0
@@ -224,6 +231,12 @@ class InferenceClient:
             if response.status_code >= 500:
                 last = InferenceUnavailableError(f"HTTP {response.status_code}: {_error_message(response)}")
                 continue
+            if response.status_code == 401:
+                raise InferenceRequestError(
+                    f"{self.base_url} wants an API key: set inference.api_key (DISTRL_INFERENCE__API_KEY) to the "
+                    "server's key",
+                    401,
+                )
             if response.status_code >= 400:
                 raise InferenceRequestError(_error_message(response), response.status_code)
             return response.json()

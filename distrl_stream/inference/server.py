@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Self
 
 import httpx
+from pydantic import SecretStr
 
 from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
-from distrl_stream.inference.client import served_name
+from distrl_stream.inference.client import auth_headers, served_name
 from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail
 
@@ -34,9 +35,9 @@ log = logging.getLogger(__name__)
 _CPU_MEMORY_UTILIZATION = "0.2"
 
 
-def unload_all_adapters(server_url: str, timeout_s: float = 60.0) -> None:
+def unload_all_adapters(server_url: str, timeout_s: float = 60.0, api_key: SecretStr | None = None) -> None:
     """Unload every LoRA adapter a running server holds, leaving only the base model served."""
-    with httpx.Client(base_url=server_url, timeout=timeout_s) as client:
+    with httpx.Client(base_url=server_url, timeout=timeout_s, headers=auth_headers(api_key)) as client:
         for item in client.get("/v1/models").json()["data"]:
             if item.get("parent"):
                 client.post("/v1/unload_lora_adapter", json={"lora_name": item["id"]}).raise_for_status()
@@ -147,6 +148,11 @@ class InferenceServer:
         env["HF_HUB_OFFLINE"] = "1"
         if self.device == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.inference.cpu_kvcache_gb)
+        # vLLM reads its key from here as from --api-key; unlike an argument it does not show in `ps`. Without
+        # inference.api_key no key from our own environment may slip through, or our clients would be refused.
+        env.pop("VLLM_API_KEY", None)
+        if self.inference.api_key is not None:
+            env["VLLM_API_KEY"] = self.inference.api_key.get_secret_value()
         return env
 
     def start(self) -> None:
@@ -166,7 +172,9 @@ class InferenceServer:
             "vLLM server pid %d on %s (device %s), log %s", self._process.pid, self.url, self.device, self.log_path
         )
         try:
-            wait_ready(self.url, self.base_name, self._process, self.inference.startup_timeout_s)
+            wait_ready(
+                self.url, self.base_name, self._process, self.inference.startup_timeout_s, self.inference.api_key
+            )
         except BaseException:
             self.stop()
             raise
@@ -193,7 +201,9 @@ class InferenceServer:
         self.stop()
 
 
-def wait_ready(url: str, model_name: str, process: ChildProcess, timeout_s: float) -> None:
+def wait_ready(
+    url: str, model_name: str, process: ChildProcess, timeout_s: float, api_key: SecretStr | None = None
+) -> None:
     """Poll ``url``'s ``/v1/models`` until it lists ``model_name``, ``process`` exits, or ``timeout_s`` passes.
 
     Args:
@@ -201,12 +211,13 @@ def wait_ready(url: str, model_name: str, process: ChildProcess, timeout_s: floa
         model_name: the served name to wait for (the base model's).
         process: the process that serves it (a vLLM server, or ``distrl-stream serve`` under ``up``).
         timeout_s: how long to wait.
+        api_key: the server's key (``inference.api_key``), if it has one.
 
     Raises:
         ServerStartError: with the tail of the process's log.
     """
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=5.0) as client:
+    with httpx.Client(timeout=5.0, headers=auth_headers(api_key)) as client:
         while True:
             if not process.running():
                 raise ServerStartError(

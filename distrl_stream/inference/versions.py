@@ -25,13 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from pydantic import SecretStr
 
 from distrl_stream.artifacts import dir_size, local_path, sha256_dir
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
 from distrl_stream.errors import AdapterVerificationError, ArtifactError, InferenceError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
-from distrl_stream.inference.client import served_name
+from distrl_stream.inference.client import auth_headers, served_name
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import Producer
@@ -69,6 +70,7 @@ class AdapterLoader:
         keep_versions: how many adapter versions stay loaded.
         staging_dir: where verified copies of the adapters live while they are served.
         timeout_s: bound on each load/unload request (a load reads the adapter from disk).
+        api_key: the server's key (``inference.api_key``), if it has one.
     """
 
     server_url: str
@@ -76,6 +78,7 @@ class AdapterLoader:
     keep_versions: int
     staging_dir: Path
     timeout_s: float = 120.0
+    api_key: SecretStr | None = None
     loaded: list[int] = field(default_factory=list)
 
     @property
@@ -140,7 +143,9 @@ class AdapterLoader:
 
     def _post(self, path: str, payload: dict[str, str]) -> None:
         try:
-            response = httpx.post(f"{self.server_url}{path}", json=payload, timeout=self.timeout_s)
+            response = httpx.post(
+                f"{self.server_url}{path}", json=payload, timeout=self.timeout_s, headers=auth_headers(self.api_key)
+            )
         except httpx.HTTPError as exc:
             raise InferenceError(f"{path} on {self.server_url} failed: {type(exc).__name__}: {exc}") from None
         if response.status_code != 200:
@@ -178,6 +183,7 @@ class WeightWatcher(BackgroundFollower):
             cfg.model.policy_id,
             cfg.inference.keep_versions,
             staging_dir or cfg.run_dir / "serving" / self.source_id.replace(":", "_"),
+            api_key=cfg.inference.api_key,
         )
         self.catch_up_timeout_s = catch_up_timeout_s
         self.refused: list[tuple[int, str]] = []

@@ -7,6 +7,8 @@
 - Only this package imports confluent-kafka: the record and error types callbacks receive (``Message``,
   ``KafkaError``, ``TopicPartition``) are re-exported here for type hints.
 - :mod:`.topics`: ``TopicNames(run)`` and the topic configs; :mod:`.dlq`: the dead-letter queue.
+- :mod:`.registry`: Schema Registry mode (``kafka.schema_registry_url``): ``use_schemas`` picks the process's serde,
+  ``RegistrySerde`` registers the run's schemas and resolves ids through Confluent's registry client.
 """
 
 from confluent_kafka import KafkaError, Message, TopicPartition

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -12,7 +13,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetS
 
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import KafkaClientError
-from distrl_stream.kafka.client import build_client, client_config
+from distrl_stream.kafka.client import build_client, client_config, login_watch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +67,10 @@ class Admin:
     ) -> None:
         self.kafka = kafka
         self.timeout_s = timeout_s
-        self.config = client_config(kafka, {"client.id": "distrl-admin"}, overrides)
+        # Every wait ends in a typed error that says what failed, so the errors it polls on the way are only debug.
+        defaults = {"client.id": "distrl-admin", "error_cb": lambda err: log.debug("admin client: %s", err.str())}
+        self.config = client_config(kafka, defaults, overrides)
+        self._login = login_watch(self.config)
         self._client: AdminClient | None = None
 
     @property
@@ -93,7 +99,7 @@ class Admin:
         created = []
         for name, future in futures.items():
             try:
-                future.result(timeout=self.timeout_s)
+                self._login.result(self.client, future, self.timeout_s)
                 created.append(name)
             except KafkaException as exc:
                 err = exc.args[0]
@@ -119,7 +125,7 @@ class Admin:
         deleted = []
         for name, future in futures.items():
             try:
-                future.result(timeout=self.timeout_s)
+                self._login.result(self.client, future, self.timeout_s)
                 deleted.append(name)
             except KafkaException as exc:
                 err = exc.args[0]
@@ -146,9 +152,8 @@ class Admin:
             raise KafkaClientError(f"cannot describe topic {name}: {reason}")
         resource = ConfigResource(ResourceType.TOPIC, name)
         try:
-            entries = self.client.describe_configs([resource], request_timeout=self.timeout_s)[resource].result(
-                timeout=self.timeout_s
-            )
+            future = self.client.describe_configs([resource], request_timeout=self.timeout_s)[resource]
+            entries = self._login.result(self.client, future, self.timeout_s)
         except KafkaException as exc:
             raise KafkaClientError(f"cannot read configs of {name}: {exc.args[0].str()}") from None
         config = {k: e.value for k, e in entries.items() if not e.is_default and e.value is not None}
@@ -171,7 +176,7 @@ class Admin:
         request = ConsumerGroupTopicPartitions(group, [TopicPartition(topic, p) for p in partitions])
         try:
             future = self.client.list_consumer_group_offsets([request], request_timeout=self.timeout_s)[group]
-            answer = future.result(timeout=self.timeout_s)
+            answer = self._login.result(self.client, future, self.timeout_s)
         except KafkaException as exc:
             raise KafkaClientError(f"cannot read the offsets of group {group}: {exc.args[0].str()}") from None
         return {tp.partition: tp.offset for tp in answer.topic_partitions}
@@ -186,7 +191,7 @@ class Admin:
         last = "no answer"
         while time.monotonic() < deadline:
             try:
-                metadata = self.client.list_topics(timeout=min(1.0, max(0.1, deadline - time.monotonic())))
+                metadata = self._login.metadata(self.client, None, min(1.0, max(0.1, deadline - time.monotonic())))
                 if metadata.brokers:
                     return len(metadata.brokers)
             except KafkaException as exc:
@@ -195,7 +200,7 @@ class Admin:
 
     def _metadata(self, topic: str | None = None) -> Any:
         try:
-            return self.client.list_topics(topic, timeout=self.timeout_s)
+            return self._login.metadata(self.client, topic, self.timeout_s)
         except KafkaException as exc:
             raise KafkaClientError(
                 f"Kafka at {self.kafka.bootstrap_servers} did not answer: {exc.args[0].str()}"
@@ -208,7 +213,9 @@ class Admin:
             request = {TopicPartition(name, p): spec for p in partitions}
             try:
                 futures = self.client.list_offsets(request, request_timeout=self.timeout_s)
-                return {tp.partition: f.result(timeout=self.timeout_s).offset for tp, f in futures.items()}
+                return {
+                    tp.partition: self._login.result(self.client, f, self.timeout_s).offset for tp, f in futures.items()
+                }
             except KafkaException as exc:
                 err = exc.args[0]
                 if not _transient(err) or time.monotonic() > deadline:

@@ -14,6 +14,9 @@ is stable across restarts.
 :class:`EmbeddedCluster` runs several such brokers as one KRaft cluster on this machine (every node is broker and
 controller, each with its own run directory under the cluster's), so a test or a user can see what a replicated
 cluster does when a broker dies.
+
+By default the client listener is PLAINTEXT on loopback. With a :class:`BrokerSecurity` it is SASL_SSL instead: TLS
+from PEM files and SCRAM users created when the storage is formatted (docs/kafka.md, "A secured cluster").
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -70,6 +73,80 @@ class BrokerState:
 
 
 @dataclass(frozen=True, slots=True)
+class BrokerSecurity:
+    """A SASL_SSL client listener: TLS with PEM files, SCRAM authentication, brokers talking to each other over it.
+
+    Users are created when the storage is formatted (``StorageTool format --add-scram``): on the first start of a
+    run directory only, so later starts keep the users it was formatted with.
+
+    Args:
+        keystore: PEM file with the broker's private key (unencrypted PKCS#8) followed by its certificate chain; the
+            certificate must name the address clients connect to (``IP:127.0.0.1`` for the embedded broker).
+        truststore: PEM file with the CA certificate(s) clients and brokers trust.
+        users: SCRAM user -> password.
+        inter_broker_user: the user brokers (and :meth:`EmbeddedBroker.start`'s readiness check) log in as; one of
+            ``users``.
+        mechanism: ``SCRAM-SHA-512`` or ``SCRAM-SHA-256``.
+    """
+
+    keystore: Path
+    truststore: Path
+    users: Mapping[str, str] = field(repr=False)
+    inter_broker_user: str = "admin"
+    mechanism: str = "SCRAM-SHA-512"
+
+    def __post_init__(self) -> None:
+        if self.inter_broker_user not in self.users:
+            raise BrokerError(f"inter_broker_user {self.inter_broker_user!r} is not one of the SCRAM users")
+        if self.mechanism not in ("SCRAM-SHA-512", "SCRAM-SHA-256"):
+            raise BrokerError(f"mechanism must be SCRAM-SHA-512 or SCRAM-SHA-256, got {self.mechanism!r}")
+
+    def client_properties(self, user: str, password: str | None = None) -> dict[str, str]:
+        """The librdkafka properties (``kafka.client``) of a client logging in as ``user``.
+
+        Args:
+            user: the SCRAM user.
+            password: its password; default: the one in ``users``.
+        """
+        return {
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanisms": self.mechanism,
+            "sasl.username": user,
+            "sasl.password": self.users[user] if password is None else password,
+            "ssl.ca.location": str(self.truststore),
+        }
+
+    def server_properties(self, port: int, controller_port: int) -> dict[str, str]:
+        """The ``server.properties`` entries that replace the PLAINTEXT client listener with SASL_SSL."""
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{self.inter_broker_user}" password="{self.users[self.inter_broker_user]}";'
+        )
+        return {
+            "listeners": f"SASL_SSL://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+            "advertised.listeners": f"SASL_SSL://127.0.0.1:{port}",
+            # The controller listener stays PLAINTEXT: it is bound to loopback and only the broker itself uses it.
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            "inter.broker.listener.name": "SASL_SSL",
+            "sasl.enabled.mechanisms": self.mechanism,
+            "sasl.mechanism.inter.broker.protocol": self.mechanism,
+            f"listener.name.sasl_ssl.{self.mechanism.lower()}.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.location": str(Path(self.keystore).resolve()),
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(Path(self.truststore).resolve()),
+        }
+
+    def format_arguments(self) -> list[str]:
+        """``StorageTool format`` arguments that create the SCRAM users."""
+        return [
+            arg
+            for user, password in self.users.items()
+            for arg in ("--add-scram", f"{self.mechanism}=[name={user},password={password}]")
+        ]
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerStatus:
     """Whether the broker of a run directory is running, and where."""
 
@@ -95,6 +172,7 @@ class EmbeddedBroker:
         properties: extra ``server.properties`` entries; they win over the generated ones.
         controller_port: controller listener port; 0 picks a free one (kept across restarts like ``port``).
         cluster_id: the cluster id to format a new data directory with; None makes one (a cluster's nodes share one).
+        security: make the client listener SASL_SSL (None: PLAINTEXT on loopback).
     """
 
     def __init__(
@@ -108,6 +186,7 @@ class EmbeddedBroker:
         properties: Mapping[str, str] | None = None,
         controller_port: int = 0,
         cluster_id: str | None = None,
+        security: BrokerSecurity | None = None,
     ) -> None:
         self.run_dir = Path(run_dir).resolve()
         self.kafka_home = kafka_home
@@ -117,6 +196,7 @@ class EmbeddedBroker:
         self.properties = dict(properties or {})
         self.controller_port = controller_port
         self.cluster_id = cluster_id
+        self.security = security
         self._process: ChildProcess | None = None
 
     @classmethod
@@ -277,7 +357,9 @@ class EmbeddedBroker:
         """Write the configs; format the storage unless it already is. Returns the cluster id."""
         (self.run_dir / "logs").mkdir(exist_ok=True)
         server = self.run_dir / "server.properties"
-        server.write_text(_server_properties(port, controller_port, self.data_dir, self.properties))
+        secured = self.security.server_properties(port, controller_port) if self.security else {}
+        server.write_text(_server_properties(port, controller_port, self.data_dir, {**secured, **self.properties}))
+        server.chmod(0o600)  # holds the inter-broker password when secured
         (self.run_dir / "log4j2.properties").write_text(_LOG4J2.format(logs=self.run_dir / "logs"))
         meta = self.data_dir / "meta.properties"
         if meta.is_file():
@@ -295,6 +377,7 @@ class EmbeddedBroker:
             "-c",
             str(server),
             "--ignore-formatted",
+            *(self.security.format_arguments() if self.security else []),
         ]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
@@ -325,9 +408,10 @@ class EmbeddedBroker:
 
     def _wait_until_ready(self, state: BrokerState, process: ChildProcess) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
-        # Not the user's kafka.client settings: the embedded broker is plaintext on loopback.
+        # Not the user's kafka.client settings: the broker's own (plaintext on loopback, or its inter-broker user).
+        client = self.security.client_properties(self.security.inter_broker_user) if self.security else {}
         admin = Admin(
-            KafkaConfig(bootstrap_servers=state.bootstrap_servers),
+            KafkaConfig(bootstrap_servers=state.bootstrap_servers, client=client),
             overrides={"reconnect.backoff.max.ms": 200, "log_level": 0},  # silent while the JVM boots
         )
         while True:

@@ -18,7 +18,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Messag
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import EventDecodeError, KafkaClientError
 from distrl_stream.events import Event, Serde, default_serde, epoch_ms
-from distrl_stream.kafka.client import build_client, client_config
+from distrl_stream.kafka.client import build_client, client_config, login_watch
 from distrl_stream.kafka.dlq import DeadLetterQueue
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,7 @@ class Consumer:
         self.config = client_config(
             kafka, {**consumer_defaults(group, auto_offset_reset), "client.id": client_id}, overrides
         )
+        self._login = login_watch(self.config)
         self._client: confluent_kafka.Consumer | None = None
         self._stored = False
 
@@ -198,9 +199,11 @@ class Consumer:
         """The next record, or None on timeout. Transient errors are logged and give None.
 
         Raises:
+            KafkaAuthenticationError: the cluster refused the login or TLS handshake.
             KafkaClientError: a fatal client error (the consumer cannot go on).
         """
         msg = self.client.poll(timeout_s)
+        self._login.check()  # poll() is where librdkafka reports a refused login
         if msg is None:
             return None
         err = msg.error()
@@ -216,10 +219,13 @@ class Consumer:
         """Up to ``max_messages`` records in one call (cheaper per record than :meth:`poll` for batch ingest).
 
         Raises:
+            KafkaAuthenticationError: the cluster refused the login or TLS handshake.
             KafkaClientError: a fatal client error.
         """
         out = []
-        for msg in self.client.consume(max_messages, timeout_s):
+        messages = self.client.consume(max_messages, timeout_s)
+        self._login.check()
+        for msg in messages:
             err = msg.error()
             if err is None:
                 out.append(msg)
@@ -288,7 +294,7 @@ class EventConsumer(Generic[E]):
         dead_letters: where undecodable records go; None for a read-only observer, which only counts them
             (:attr:`undecodable`) and leaves dead-lettering to the role that owns the topic.
         expect: the event type this reader handles; other event types are dead-lettered as ``unexpected type``.
-        serde: event serde (default: the process-wide one).
+        serde: event serde (default: the process-wide one when decoding, which a role's start-up may have set).
     """
 
     def __init__(
@@ -303,7 +309,7 @@ class EventConsumer(Generic[E]):
         self.dead_letters = dead_letters
         self.undecodable = 0
         self._expect = expect
-        self._serde = serde or default_serde()
+        self._serde = serde
 
     def poll(self, timeout_s: float = 1.0) -> Received[E] | None:
         """The next decodable event, or None when none arrived within ``timeout_s``."""
@@ -313,7 +319,7 @@ class EventConsumer(Generic[E]):
             if msg is None:
                 return None
             try:
-                return Received(self._serde.decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
+                return Received((self._serde or default_serde()).decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
             except EventDecodeError as exc:
                 # Then go on: past the deadline the next poll waits no more, but still returns a buffered record.
                 self.undecodable += 1
@@ -387,9 +393,11 @@ def _read_topic(
         overrides,
     )
     client: confluent_kafka.Consumer = build_client(confluent_kafka.Consumer, conf, "consumer")
+    login = login_watch(conf)
     deadline = time.monotonic() + timeout_s
     try:
-        metadata = client.list_topics(topic, timeout=timeout_s)
+        # Nothing is assigned yet, so the polls that serve error_cb while it waits cannot swallow a record.
+        metadata = login.metadata(client, topic, timeout_s)
         info = metadata.topics.get(topic)
         if info is None or info.error is not None or not info.partitions:
             raise KafkaClientError(
@@ -417,6 +425,7 @@ def _read_topic(
                     f"read of {topic} did not reach the end of partitions {sorted(active)} in {timeout_s:.0f} s"
                 )
             msg = client.poll(0.5)
+            login.check()
             if msg is None:
                 continue
             err = msg.error()

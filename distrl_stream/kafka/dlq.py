@@ -81,7 +81,7 @@ def reason(error: BaseException, value: bytes | None) -> str:
         case "bad magic byte":
             return f"wrong magic byte {value[0]:#04x} (expected 0x00)" if value else f"not Avro: {error.detail}"
         case "unknown schema id":
-            return f"unknown schema id {error.schema_id}"
+            return f"unknown schema id {error.schema_id}: {error.detail}"
         case "truncated":
             return f"truncated: {error.detail}"
         case "unexpected type":

@@ -14,9 +14,9 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import KafkaClientError, RecordRejectedError
+from distrl_stream.errors import KafkaAuthenticationError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import Event, Serde, default_serde, event_key
-from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES, build_client, client_config
+from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES, build_client, client_config, login_watch
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,7 @@ class Producer:
             {**producer_defaults(kafka), "client.id": client_id, "error_cb": self._on_error},
             overrides,
         )
+        self._login = login_watch(self.config)
         self.stats = DeliveryStats()
         self._serde = serde
         self._buffer_timeout_s = buffer_timeout_s
@@ -115,8 +116,10 @@ class Producer:
 
         Raises:
             RecordRejectedError: librdkafka refused this record (e.g. larger than ``message.max.bytes``).
+            KafkaAuthenticationError: the cluster refused the login or TLS handshake.
             KafkaClientError: the producer hit a fatal error, or the queue stayed full.
         """
+        self._login.check()
         if self._fatal is not None:
             raise KafkaClientError(f"producer is in a fatal state: {self._fatal.str()}")
         callback = self._count if on_delivery is None else self._counting(on_delivery)
@@ -175,11 +178,12 @@ class Producer:
         """Wait until every queued message is acknowledged or failed.
 
         Raises:
+            KafkaAuthenticationError: the cluster refused the login or TLS handshake.
             KafkaClientError: messages are still pending after ``timeout_s``, or some deliveries failed.
         """
         if self._client is None:
             return self.stats
-        left = self._client.flush(timeout_s)
+        left = self._login.flush(self._client, timeout_s)
         if left:
             raise KafkaClientError(f"{left} messages still undelivered after {timeout_s:.0f} s")
         if self.stats.failed:
@@ -191,7 +195,13 @@ class Producer:
     def close(self, timeout_s: float = 30.0) -> DeliveryStats:
         """Flush and release the client; logs (rather than raises) what could not be delivered."""
         if self._client is not None:
-            left = self._client.flush(timeout_s)
+            try:
+                left = self._login.flush(self._client, timeout_s)
+            except KafkaAuthenticationError as exc:
+                left = len(self._client)
+                log.warning("producer %s closed with %d undelivered messages: %s", self.config["client.id"], left, exc)
+                self._client = None
+                return self.stats
             if left or self.stats.failed:
                 log.warning(
                     "producer %s closed with %d undelivered and %d failed messages%s",

@@ -5,8 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distrl_stream.config import Config, KafkaConfig
+from distrl_stream.events import EVENT_TYPES, DeadLetter, Event, MetricEvent, TrajectoryEvent, WeightVersionEvent
 from distrl_stream.kafka.admin import Admin, TopicSpec
 from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES
+from distrl_stream.kafka.registry import RegistrySerde, use_schemas
 
 TOPIC_KINDS = ("trajectories", "weights", "metrics", "dlq")
 
@@ -46,14 +48,26 @@ class TopicNames:
         """All four names, in layout order."""
         return (self.trajectories, self.weights, self.metrics, self.dlq)
 
+    def of(self, event_type: type[Event]) -> str:
+        """The topic that carries ``event_type`` (its values' schema subject is ``{topic}-value``)."""
+        return {
+            TrajectoryEvent: self.trajectories,
+            WeightVersionEvent: self.weights,
+            MetricEvent: self.metrics,
+            DeadLetter: self.dlq,
+        }[event_type]
+
 
 def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
-    """The four topics of ``run`` with their configs (partitions, replication and retention from ``kafka``)."""
+    """The four topics of ``run`` with their configs (partitions, replication and retention from ``kafka``).
+
+    Retention: trajectories are kept (-1) because they are the replay log; metrics for days, dead letters for weeks
+    (``kafka.*_retention_ms``); weights are compacted, so each policy's latest version stays forever.
+    """
     names = TopicNames(run)
     rf = kafka.replication_factor
     # With 3+ replicas an acks=all write must reach 2 of them; with fewer, requiring 2 would block on any outage.
     durability = {"min.insync.replicas": "2" if rf >= 3 else "1"}
-    keep = str(kafka.trajectory_retention_ms)
     return [
         TopicSpec(
             names.trajectories,
@@ -62,7 +76,7 @@ def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
             {
                 **durability,
                 "cleanup.policy": "delete",
-                "retention.ms": keep,
+                "retention.ms": str(kafka.trajectory_retention_ms),
                 "max.message.bytes": str(kafka.max_message_bytes),
             },
         ),
@@ -93,7 +107,7 @@ def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
             {
                 **durability,
                 "cleanup.policy": "delete",
-                "retention.ms": keep,
+                "retention.ms": str(kafka.dlq_retention_ms),
                 "max.message.bytes": str(kafka.max_message_bytes + DEAD_LETTER_OVERHEAD_BYTES),
             },
         ),
@@ -101,10 +115,25 @@ def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
 
 
 def ensure_run_topics(config: Config, admin: Admin | None = None) -> TopicNames:
-    """Create the run's topics where missing (idempotent; existing topics are left as they are)."""
+    """Set up the run's events at a role's start: the schemas, then the topics where missing (both idempotent;
+    existing topics are left as they are).
+
+    Makes the process's serde the one ``config.kafka`` calls for; with a Schema Registry, first registers every
+    event's schema under its topic's subject, so an incompatible schema or an unreachable registry stops the role
+    here, before it creates or writes anything.
+
+    Raises:
+        IncompatibleSchemaError: a schema breaks its subject's BACKWARD_TRANSITIVE compatibility.
+        RegistryError: the registry could not be reached or refused a request.
+        KafkaClientError: the cluster refused a topic or did not answer.
+    """
+    names = TopicNames(config.run)
+    serde = use_schemas(config.kafka)
+    if isinstance(serde, RegistrySerde):
+        serde.register({cls: names.of(cls) for cls in EVENT_TYPES})
     admin = admin or Admin(config.kafka)
     admin.create_topics(run_topic_specs(config.run, config.kafka), exist_ok=True)
-    return TopicNames(config.run)
+    return names
 
 
 def delete_run_topics(config: Config, admin: Admin | None = None) -> list[str]:

@@ -13,10 +13,11 @@ from datetime import timedelta
 
 from distrl_stream.config import Config
 from distrl_stream.errors import EventDecodeError, KafkaClientError
-from distrl_stream.events import MetricEvent, decode, utc_now
+from distrl_stream.events import MetricEvent, utc_now
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.follower import TopicFollower
+from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.monitor.state import MonitorState
 
@@ -41,6 +42,7 @@ class MetricFeed:
         self.timeout_s = timeout_s
         self._history_undecodable = 0
         self._admin = Admin(cfg.kafka, timeout_s=timeout_s)
+        self._serde = use_schemas(cfg.kafka)  # the monitor creates no topics, so it registers nothing
         self._live: TopicFollower[MetricEvent] | None = None
 
     @property
@@ -92,7 +94,7 @@ class MetricFeed:
 
     def _add(self, value: bytes | None) -> int:
         try:
-            self.state.add(decode(value, MetricEvent))
+            self.state.add(self._serde.decode(value, MetricEvent))
         except EventDecodeError:
             self._history_undecodable += 1
             return 0
