@@ -7,13 +7,17 @@ export KAFKA_HOME
 PYTEST_ARGS ?=
 DURATION    ?= 0
 
-.PHONY: setup test unit demo bench bench-quick lint format clean
+.PHONY: setup test test-cluster unit demo bench bench-quick lint format clean
 
 setup:
 	@bash scripts/setup.sh
 
+# Everything but the whole run on a 3-node cluster (minutes of three JVMs beside vLLM): `make test-cluster` runs it.
 test: setup
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
+
+test-cluster: setup
+	$(BIN)/pytest -m cluster $(PYTEST_ARGS)
 
 unit: setup
 	$(BIN)/pytest -m "not kafka and not vllm and not browser and not slow" $(PYTEST_ARGS)

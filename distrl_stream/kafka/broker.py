@@ -11,6 +11,10 @@ Everything lives in one run directory, so data survives restarts and any process
 Ports are picked free on the first start and reused on later starts while they stay free, so the bootstrap address
 is stable across restarts.
 
+:class:`EmbeddedCluster` runs several such brokers as one KRaft cluster on this machine (every node is broker and
+controller, each with its own run directory under the cluster's), so a test or a user can see what a replicated
+cluster does when a broker dies.
+
 By default the client listener is PLAINTEXT on loopback. With a :class:`BrokerSecurity` it is SASL_SSL instead: TLS
 from PEM files and SCRAM users created when the storage is formatted (docs/kafka.md, "A secured cluster").
 """
@@ -29,6 +33,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,11 +46,12 @@ from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import BrokerError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.install import find_kafka_home, installation_name
-from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail, port_free
+from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail, port_free, signal_group
 
 log = logging.getLogger(__name__)
 
 STATE_FILE = "broker.json"
+CLUSTER_FILE = "cluster.json"
 _START_ATTEMPTS = 3  # a freshly picked free port can be taken by someone else before the JVM binds it
 
 
@@ -164,6 +170,8 @@ class EmbeddedBroker:
         heap_mb: JVM heap.
         startup_timeout_s: how long :meth:`start` waits for the broker to answer.
         properties: extra ``server.properties`` entries; they win over the generated ones.
+        controller_port: controller listener port; 0 picks a free one (kept across restarts like ``port``).
+        cluster_id: the cluster id to format a new data directory with; None makes one (a cluster's nodes share one).
         security: make the client listener SASL_SSL (None: PLAINTEXT on loopback).
     """
 
@@ -176,6 +184,8 @@ class EmbeddedBroker:
         heap_mb: int = 512,
         startup_timeout_s: float = 60.0,
         properties: Mapping[str, str] | None = None,
+        controller_port: int = 0,
+        cluster_id: str | None = None,
         security: BrokerSecurity | None = None,
     ) -> None:
         self.run_dir = Path(run_dir).resolve()
@@ -184,6 +194,8 @@ class EmbeddedBroker:
         self.heap_mb = heap_mb
         self.startup_timeout_s = startup_timeout_s
         self.properties = dict(properties or {})
+        self.controller_port = controller_port
+        self.cluster_id = cluster_id
         self.security = security
         self._process: ChildProcess | None = None
 
@@ -226,12 +238,14 @@ class EmbeddedBroker:
         running = state is not None and state.pid is not None and self._alive(state.pid)
         return BrokerStatus(running, self.run_dir, state, self.log_file)
 
-    def start(self, *, detach: bool = False) -> str:
+    def start(self, *, detach: bool = False, wait: bool = True) -> str:
         """Start the broker (formatting its storage on first use) and wait until it answers; idempotent.
 
         Args:
             detach: keep the broker running after this process exits (``kafka start``). Otherwise, on Linux, the
                 broker is terminated when this process dies, so a crashed test run leaves no JVM behind.
+            wait: wait until it answers. A cluster's node cannot answer before a quorum of controllers runs, so
+                :class:`EmbeddedCluster` launches every node first and then waits with :meth:`wait_until_ready`.
 
         Returns:
             The bootstrap address, e.g. ``127.0.0.1:41234``.
@@ -251,7 +265,9 @@ class EmbeddedBroker:
             attempt = 1
             while True:
                 port = self.port or _reuse_or_free_port(previous.port if previous else None)
-                controller_port = _reuse_or_free_port(previous.controller_port if previous else None, avoid={port})
+                controller_port = self.controller_port or _reuse_or_free_port(
+                    previous.controller_port if previous else None, avoid={port}
+                )
                 cluster_id = self._format_once(java, home, port, controller_port)
                 process = self._launch(java, home, detach)
                 state = BrokerState(
@@ -264,6 +280,8 @@ class EmbeddedBroker:
                     started_at=datetime.now(UTC).isoformat(timespec="seconds"),
                 )
                 self._write_state(state)
+                if not wait:
+                    return state.bootstrap_servers
                 try:
                     self._wait_until_ready(state, process)
                 except BrokerError as exc:
@@ -276,6 +294,33 @@ class EmbeddedBroker:
                     continue
                 log.info("broker %s ready at %s (pid %d)", self.run_dir, state.bootstrap_servers, process.pid)
                 return state.bootstrap_servers
+
+    def wait_until_ready(self) -> None:
+        """Wait until the broker this object started answers (after ``start(wait=False)``).
+
+        Raises:
+            BrokerError: it was not started by this object, it exited, or it did not answer within
+                ``startup_timeout_s``.
+        """
+        state, process = self._read_state(), self._process
+        if state is None or process is None or process.pid != state.pid:
+            raise BrokerError(f"the broker in {self.run_dir} was not started by this process")
+        self._wait_until_ready(state, process)
+
+    def kill(self) -> None:
+        """SIGKILL the broker this object started, as a crash would (no clean shutdown); for failure tests.
+
+        Raises:
+            BrokerError: it was not started by this object or is not running.
+        """
+        with self._lock():
+            state, process = self._read_state(), self._process
+            if state is None or process is None or process.pid != state.pid or not process.running():
+                raise BrokerError(f"no broker started by this process runs in {self.run_dir}")
+            signal_group(process.pid, signal.SIGKILL)
+            process.stop(10.0)  # reaps it
+            self._write_state(BrokerState(**{**asdict(state), "pid": None}))
+            self._process = None
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the broker with SIGTERM (a clean shutdown), SIGKILL after ``timeout_s``; works from any process.
@@ -322,7 +367,7 @@ class EmbeddedBroker:
                 if line.startswith("cluster.id="):
                     return line.partition("=")[2].strip()
             raise BrokerError(f"{meta} has no cluster.id: the data directory is damaged")
-        cluster_id = _new_cluster_id()
+        cluster_id = self.cluster_id or _new_cluster_id()
         cmd = [
             java,
             *self._jvm_flags(home, heap_mb=256),
@@ -452,6 +497,152 @@ class EmbeddedBroker:
                 yield
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+
+class EmbeddedCluster:
+    """Start and stop ``nodes`` embedded brokers as one KRaft cluster on this machine (each node is broker and
+    controller), replicated like a production cluster: internal topics and new topics get ``min(nodes, 3)`` replicas
+    and ``min.insync.replicas=2``, so an ``acks=all`` write survives the loss of any one node.
+
+    Layout: ``run_dir/cluster.json`` (cluster id and every node's ports, picked free on the first start and reused
+    after), and ``run_dir/node-<i>/`` the run directory of node ``i`` (see :class:`EmbeddedBroker`).
+
+    Args:
+        run_dir: the cluster's directory.
+        nodes: how many nodes (3 tolerates one lost node; 1 is a single broker with a cluster's layout).
+        kafka_home: Kafka installation; None finds one.
+        heap_mb: JVM heap of each node.
+        startup_timeout_s: how long :meth:`start` waits for every node to answer.
+        properties: extra ``server.properties`` entries for every node; they win over the generated ones.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        nodes: int = 3,
+        kafka_home: Path | None = None,
+        heap_mb: int = 384,
+        startup_timeout_s: float = 90.0,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        if nodes < 1:
+            raise BrokerError(f"nodes must be at least 1, got {nodes}")
+        self.run_dir = Path(run_dir).resolve()
+        self.size = nodes
+        self.kafka_home = kafka_home
+        self.heap_mb = heap_mb
+        self.startup_timeout_s = startup_timeout_s
+        self.properties = dict(properties or {})
+        self._nodes: list[EmbeddedBroker] | None = None
+
+    @property
+    def nodes(self) -> list[EmbeddedBroker]:
+        """The nodes, node id ``i + 1`` at index ``i`` (ports are picked, or read back, on first access)."""
+        if self._nodes is None:
+            self._nodes = self._build_nodes()
+        return self._nodes
+
+    def node(self, node_id: int) -> EmbeddedBroker:
+        """The node with this ``node.id`` (1-based)."""
+        return self.nodes[node_id - 1]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """Every node's address, comma-separated (clients reach the cluster while any one of them is up)."""
+        return ",".join(f"127.0.0.1:{node.port}" for node in self.nodes)
+
+    def start(self, *, detach: bool = False) -> str:
+        """Start every node that is not running and wait until all answer; idempotent.
+
+        Returns:
+            The bootstrap address list.
+
+        Raises:
+            BrokerError: a node could not be formatted or started, or did not answer in time (with its log tail).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        started = [node for node in self.nodes if not node.status().running]
+        try:
+            # All first, then wait: no node answers before a majority of the controllers runs.
+            for node in started:
+                node.start(detach=detach, wait=False)
+            for node in started:
+                node.wait_until_ready()
+        except BrokerError:
+            for node in started:
+                node.stop(timeout_s=10.0)
+            raise
+        log.info("cluster %s ready at %s", self.run_dir, self.bootstrap_servers)
+        return self.bootstrap_servers
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop every node (SIGTERM, SIGKILL after ``timeout_s``); True if any was running."""
+        if not (self.run_dir / CLUSTER_FILE).is_file():
+            return False
+        # All at once: one by one, the last nodes wait out their controlled shutdown with no quorum left.
+        with ThreadPoolExecutor(len(self.nodes)) as pool:
+            return any(list(pool.map(lambda node: node.stop(timeout_s), self.nodes)))
+
+    def __enter__(self) -> EmbeddedCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def _build_nodes(self) -> list[EmbeddedBroker]:
+        layout = self._layout()
+        voters = ",".join(f"{n['node_id']}@127.0.0.1:{n['controller_port']}" for n in layout["nodes"])
+        replicas = min(self.size, 3)
+        isr = min(replicas, 2)
+        shared = {
+            "controller.quorum.voters": voters,
+            "offsets.topic.replication.factor": str(replicas),
+            "transaction.state.log.replication.factor": str(replicas),
+            "transaction.state.log.min.isr": str(isr),
+            "share.coordinator.state.topic.replication.factor": str(replicas),
+            "share.coordinator.state.topic.min.isr": str(isr),
+            "default.replication.factor": str(replicas),
+            "min.insync.replicas": str(isr),
+            # Kafka's default (9 s), not the single node's patient 60 s: a dead node must be fenced, and its
+            # partitions led by another replica, within seconds; that is what the replicas are for.
+            "broker.session.timeout.ms": "9000",
+        }
+        return [
+            EmbeddedBroker(
+                self.run_dir / f"node-{n['node_id']}",
+                kafka_home=self.kafka_home,
+                port=n["port"],
+                controller_port=n["controller_port"],
+                cluster_id=layout["cluster_id"],
+                heap_mb=self.heap_mb,
+                startup_timeout_s=self.startup_timeout_s,
+                properties={**shared, "node.id": str(n["node_id"]), **self.properties},
+            )
+            for n in layout["nodes"]
+        ]
+
+    def _layout(self) -> dict[str, Any]:
+        path = self.run_dir / CLUSTER_FILE
+        if path.is_file():
+            layout: dict[str, Any] = json.loads(path.read_text())
+            if len(layout["nodes"]) != self.size:
+                raise BrokerError(f"{path} describes {len(layout['nodes'])} nodes, not {self.size}")
+            return layout
+        taken: set[int] = set()
+        nodes = []
+        for node_id in range(1, self.size + 1):
+            port = _reuse_or_free_port(None, avoid=taken)
+            controller_port = _reuse_or_free_port(None, avoid=taken | {port})
+            taken |= {port, controller_port}
+            nodes.append({"node_id": node_id, "port": port, "controller_port": controller_port})
+        layout = {"cluster_id": _new_cluster_id(), "nodes": nodes}
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(layout, indent=2) + "\n")
+        return layout
 
 
 def _server_properties(port: int, controller_port: int, data_dir: Path, extra: Mapping[str, str]) -> str:

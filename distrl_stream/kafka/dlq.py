@@ -1,4 +1,9 @@
-"""The dead-letter queue: records a consumer cannot use go to ``{run}.dlq`` with where they were and why."""
+"""The dead-letter queue: records a consumer cannot use go to ``{run}.dlq`` with where they were and why.
+
+A dead letter's ``error_message`` is its reason, a line that starts with its category (:func:`reason`), so that
+counting a DLQ by reason is counting prefixes: ``not Avro``, ``wrong magic byte``, ``unknown schema id``,
+``truncated``, ``wrong event type``, ``impossible value``.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import logging
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
+from distrl_stream.errors import EventDecodeError, TrajectoryError
 from distrl_stream.events import DeadLetter, from_epoch_ms, utc_now
 from distrl_stream.kafka.producer import Producer
 
@@ -37,7 +43,7 @@ class DeadLetterQueue:
             key=msg.key(),
             value=msg.value(),
             error_class=type(error).__name__,
-            error_message=str(error),
+            error_message=reason(error, msg.value()),
             timestamp=utc_now(),
             consumer=self.consumer_name,
             original_timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else from_epoch_ms(ts_ms),
@@ -45,10 +51,45 @@ class DeadLetterQueue:
         self.producer.produce_event(self.topic, letter)
         self.count += 1
         log.warning(
-            "dead-lettered %s[%d]@%d to %s: %s", letter.topic, letter.partition, letter.offset, self.topic, error
+            "dead-lettered %s[%d]@%d to %s: %s",
+            letter.topic,
+            letter.partition,
+            letter.offset,
+            self.topic,
+            letter.error_message,
         )
         return letter
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until every dead letter sent so far is acknowledged (raises ``KafkaClientError`` if not)."""
         self.producer.flush(timeout_s)
+
+
+def reason(error: BaseException, value: bytes | None) -> str:
+    """Why ``value`` was dead-lettered, in one line that starts with its category.
+
+    A value whose first byte is printable text is ``not Avro`` (JSON, a log line, a string); another non-zero first
+    byte is a ``wrong magic byte`` (framing of some other serializer, or a corrupted record).
+    """
+    if isinstance(error, TrajectoryError):
+        return f"impossible value: {error}"
+    if not isinstance(error, EventDecodeError):
+        return f"{type(error).__name__}: {error}"
+    match error.reason:
+        case "bad magic byte" if value and _is_text(value[:64]):
+            return f"not Avro: text {value[:40]!r}"
+        case "bad magic byte":
+            return f"wrong magic byte {value[0]:#04x} (expected 0x00)" if value else f"not Avro: {error.detail}"
+        case "unknown schema id":
+            return f"unknown schema id {error.schema_id}: {error.detail}"
+        case "truncated":
+            return f"truncated: {error.detail}"
+        case "unexpected type":
+            return f"wrong event type: {error.detail}"
+        case _:  # empty, too short, malformed, trailing bytes
+            return f"not Avro: {error.reason}: {error.detail}"
+
+
+def _is_text(head: bytes) -> bool:
+    text = head.decode("utf-8", errors="ignore")  # a multi-byte character cut at the end is not binary
+    return bool(text) and all(c.isprintable() or c in "\t\n\r" for c in text)

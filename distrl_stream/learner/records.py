@@ -14,10 +14,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from distrl_stream.errors import TrajectoryError
+from distrl_stream.events import Tensor as WireTensor
 from distrl_stream.events import Termination, TrajectoryEvent
 
 
@@ -190,7 +192,8 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
 
     Raises:
         TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
-            before the last, token ids that are not a 1-D integer array, or a non-finite reward or log-prob.
+            before the last, token ids that are not a 1-D integer array, a tensor whose bytes do not match its dtype
+            and shape, token log-probs that do not match the tokens one for one, or a non-finite reward or log-prob.
     """
     if not event.steps:
         raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
@@ -202,12 +205,15 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
         where = f"episode {event.episode_id!r} step {t}"
         if step.done and t != last:
             raise TrajectoryError(f"{where} is marked done before the last step")
-        ids = step.token_ids.to_numpy()
+        ids = _array(step.token_ids, f"{where}: token_ids")
+        token_logprobs = _array(step.token_logprobs, f"{where}: token_logprobs")
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
             raise TrajectoryError(f"{where}: token_ids must be a non-empty 1-D integer array ({ids.dtype}{ids.shape})")
         if ids.min() < 0:
             raise TrajectoryError(f"{where}: negative token id")
-        token_logprobs = step.token_logprobs.to_numpy().astype(float)
+        if token_logprobs.shape != ids.shape:
+            raise TrajectoryError(f"{where}: {token_logprobs.size} token log-probs for {ids.size} tokens")
+        token_logprobs = token_logprobs.astype(float)
         if not (math.isfinite(step.reward) and math.isfinite(step.behaviour_logprob)):
             raise TrajectoryError(f"{where}: non-finite reward or behaviour log-prob")
         if step.policy_version < 0:
@@ -242,3 +248,13 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
         task_template=event.task_template,
         split=event.split,
     )
+
+
+def _array(tensor: WireTensor, where: str) -> np.ndarray:
+    """The numpy view of a wire tensor; bytes that do not fill its dtype and shape are a :class:`TrajectoryError`."""
+    try:
+        return tensor.to_numpy()
+    except (TypeError, ValueError) as exc:  # unknown dtype name; byte count that does not fit the shape
+        raise TrajectoryError(
+            f"{where}: tensor {tensor.dtype}{tensor.shape} of {len(tensor.data)} bytes: {exc}"
+        ) from None

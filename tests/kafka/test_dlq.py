@@ -11,9 +11,10 @@ import pytest
 from confluent_kafka import TopicPartition
 
 from distrl_stream.config import Config
+from distrl_stream.errors import EventDecodeError, TrajectoryError
 from distrl_stream.events import DeadLetter, TrajectoryEvent, decode, encode
 from distrl_stream.kafka.consumer import Consumer, EventConsumer, read_topic
-from distrl_stream.kafka.dlq import DeadLetterQueue
+from distrl_stream.kafka.dlq import DeadLetterQueue, reason
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.testing.samples import sample_metric, sample_trajectory
@@ -72,13 +73,29 @@ def test_poison_records_go_to_the_dlq_and_good_ones_keep_flowing(
         assert letter.consumer == "learner-test"
         assert letter.original_timestamp is not None
     reasons = {letter.offset: letter.error_message for letter in letters}
-    assert "bad magic byte" in reasons[1] and "bad magic byte" in reasons[3]
-    assert "unknown schema id" in reasons[4]
-    assert "truncated" in reasons[6]
-    assert "unexpected type" in reasons[7]
-    assert "empty" in reasons[9]
+    assert reasons[1] == "not Avro: text b'this is not avro'"
+    assert reasons[3] == "wrong magic byte 0x01 (expected 0x00)"
+    assert reasons[4].startswith("unknown schema id 99999: ")
+    assert reasons[6].startswith("truncated: ")
+    assert reasons[7] == "wrong event type: got MetricEvent, expected TrajectoryEvent"
+    assert reasons[9].startswith("not Avro: empty")
 
     # Everything, the trailing poison record included, was committed: the group resumes after the last record.
     with Consumer(run_config.kafka, group_id=group) as consumer:
         committed = consumer.client.committed([TopicPartition(run_topics.trajectories, 0)], timeout=10)
     assert committed[0].offset == len(values)
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "expected"),
+    [
+        (b'{"episode_id": "e"}\n', EventDecodeError("bad magic byte"), 'not Avro: text b\'{"episode_id": "e"}\\n\''),
+        (b"\x07\x00\x00\x00\x01", EventDecodeError("bad magic byte"), "wrong magic byte 0x07 (expected 0x00)"),
+        (b"\x00\x00\x00\x03\xe7", EventDecodeError("unknown schema id", "", 999), "unknown schema id 999"),
+        (b"\x00", EventDecodeError("too short", "1 bytes"), "not Avro: too short: 1 bytes"),
+        (b"x", TrajectoryError("episode 'e' step 0: negative policy version -1"), "impossible value: episode 'e'"),
+        (b"x", ValueError("odd"), "ValueError: odd"),
+    ],
+)
+def test_reason_starts_with_the_category_a_dlq_is_counted_by(value: bytes, error: BaseException, expected: str) -> None:
+    assert reason(error, value).startswith(expected)
