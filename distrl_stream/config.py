@@ -276,6 +276,11 @@ class LearnerConfig(Section):
         "across restarts.",
     )
     threads: int = Field(0, ge=0, description="torch CPU threads of the learner (0: torch's default).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the policy's forward and backward passes run: cuda, cpu, or auto (CUDA when torch sees a "
+        "GPU). On CUDA the base model is loaded in the dtype the server serves; on CPU in float32.",
+    )
 
 
 class ModelConfig(Section):

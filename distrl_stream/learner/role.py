@@ -53,7 +53,7 @@ from distrl_stream.learner.checkpoint import (
 )
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.records import EpisodeRecord
-from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.learner.trainer import Trainer, load_policy, resolve_device
 from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,7 @@ class Learner:
         """
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
+        self.device = resolve_device(self.settings.device)
         ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
@@ -167,7 +168,7 @@ class Learner:
             self._restore(checkpoint, model_dir)
             return
         self.ingest_log.truncate(0)  # records of a run that died before its first checkpoint are re-read
-        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter)
+        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter, self.device)
         self._trainer = Trainer(
             self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature
         )
@@ -185,7 +186,7 @@ class Learner:
                 f"checkpoint {checkpoint} is format {state.get('format')!r} of run {state.get('run')!r}; "
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
-        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter")
+        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter", self.device)
         try:
             self.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
         except ReplayBufferError as exc:
