@@ -269,12 +269,6 @@ class LearnerConfig(Section):
         100_000, ge=0, description="Prompts whose frozen-base critic features are cached (the base never changes)."
     )
     checkpoint_keep: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
-    member_id: str = Field(
-        "0",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="This learner's id in the group {run}.learner; names its checkpoint folder, so keep it stable "
-        "across restarts.",
-    )
     threads: int = Field(0, ge=0, description="torch CPU threads of the learner (0: torch's default).")
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",

@@ -220,12 +220,15 @@ class Trainer:
 
     # -- the update ----------------------------------------------------------------------------------------------
 
-    def update(self, algorithm: Algorithm | None = None, *, version: int = 0) -> dict[str, float] | None:
+    def update(
+        self, algorithm: Algorithm | None = None, *, version: int = 0, contribute: bool = True
+    ) -> dict[str, float] | None:
         """One update of ``algorithm`` (default ``cfg.algorithm``) on a batch from the buffer.
 
         Args:
             algorithm: the update rule.
             version: the learner's current policy version; the batch's lag statistics are measured from it.
+            contribute: False: in a group, take part in the others' update with zero weight (too little data).
 
         Returns:
             The update's statistics, or None when there was nothing to learn from (empty buffer; no successful
@@ -233,7 +236,7 @@ class Trainer:
             which is removed from the buffer and counted in ``rejected``).
         """
         algorithm = algorithm or self.cfg.algorithm
-        stats = self._local_update(algorithm, version) if len(self.buffer) else None
+        stats = self._local_update(algorithm, version) if contribute and len(self.buffer) else None
         if stats is None:
             # In a group the others' step happens anyway: take part with zero weight, apply the same step.
             stats = self._step_without_batch(algorithm)
