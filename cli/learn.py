@@ -53,6 +53,32 @@ def _free_endpoint() -> str:
         return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
+def launch_group(nproc_per_node: int, nnodes: str, rdzv_endpoint: str, max_restarts: int) -> None:
+    """Run torch's elastic agent in this process, with this command's arguments for every member.
+
+    Raises:
+        typer.Exit: 1 when the group failed for good (restarts used up); the members' errors are in the log above.
+    """
+    # Imported here: keeps `--help` free of torch.
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    from distrl_stream.learner.group import launch_command
+
+    args = launch_command(
+        nproc_per_node, member_args(sys.argv), rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, nnodes=nnodes
+    )
+    try:
+        torchrun(args)
+    except SignalException:
+        # SIGTERM/Ctrl-C: the agent passed it on and waited for the members' final checkpoints; a clean stop.
+        return
+    except ChildFailedError as exc:
+        err_console.print(f"error: learner group failed: {exc.get_first_failure()[1].message}", highlight=False)
+        raise typer.Exit(1) from None
+
+
 def learn(
     config: ConfigOption = None,
     run: RunOption = None,
@@ -130,17 +156,8 @@ def learn(
     Logs go to stderr.
     """
     if (nproc_per_node > 1 or nnodes != "1") and "RANK" not in os.environ:
-        from distrl_stream.learner.group import launch_command  # keeps `--help` free of torch
-
-        command = launch_command(
-            nproc_per_node,
-            member_args(sys.argv),
-            rdzv_endpoint=rdzv_endpoint or _free_endpoint(),
-            max_restarts=max_restarts,
-            nnodes=nnodes,
-        )
-        # The agent takes this process's place: it forwards SIGTERM to the members and exits with their status.
-        os.execv(command[0], command)
+        launch_group(nproc_per_node, nnodes, rdzv_endpoint or _free_endpoint(), max_restarts)
+        return
     overrides: dict[str, Any] = {
         "run": run,
         "data_dir": data_dir,

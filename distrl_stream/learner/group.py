@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import fcntl
 import os
-import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +34,10 @@ import torch.distributed as dist
 from distrl_stream.errors import LearnerError
 
 T = TypeVar("T")
+
+# The agents' store reads wait this long (torch's default, 60 s, is shorter than a member's final checkpoint on busy
+# CPUs: an agent stopping its members would miss a rendezvous round that another agent already started).
+RDZV_CONF = {"read_timeout": "300"}
 
 # A stuck member must not hang the others forever: after this the collective fails and the agent restarts the group.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -222,9 +225,10 @@ def launch_command(
     rdzv_endpoint: str,
     max_restarts: int,
     nnodes: str = "1",
-    agent_options: Sequence[str] = (),
+    rdzv_conf: Mapping[str, str] | None = None,
 ) -> list[str]:
-    """The torchrun command that starts ``nproc_per_node`` learner members on this host (``learn_args`` each).
+    """The torchrun arguments that start ``nproc_per_node`` learner members on this host (``learn_args`` each):
+    ``torch.distributed.run.main(launch_command(...))``, or ``python -m torch.distributed.run`` followed by them.
 
     Args:
         nproc_per_node: members on this host.
@@ -232,20 +236,19 @@ def launch_command(
         rdzv_endpoint: ``host:port`` of the c10d rendezvous (the first host's; any free port on one host).
         max_restarts: how often the agent restarts the group after a member fails.
         nnodes: hosts, ``N`` or ``MIN:MAX`` (elastic).
-        agent_options: more torchrun options (e.g. ``--rdzv-conf=last_call_timeout=1``).
+        rdzv_conf: rendezvous settings (``--rdzv-conf``), over :data:`RDZV_CONF`.
     """
+    conf = {**RDZV_CONF, **(rdzv_conf or {})}
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
         f"--nnodes={nnodes}",
         f"--nproc-per-node={nproc_per_node}",
         "--rdzv-backend=c10d",
         f"--rdzv-endpoint={rdzv_endpoint}",
         f"--max-restarts={max_restarts}",
-        *agent_options,
+        "--rdzv-conf=" + ",".join(f"{k}={v}" for k, v in conf.items()),
         "-m",
         "distrl_stream.cli",
+        "--",  # the members' options are not torchrun's (argparse would take --run for an abbreviated --run-path)
         "learn",
         *learn_args,
     ]
