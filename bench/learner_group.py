@@ -48,6 +48,7 @@ RESULTS = Path(__file__).parent / "results" / "learner_group.json"
 TARGET_RATIO = 1.7
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
 BATCH = 8
+PARTITIONS = 4
 
 
 def env_for(cfg: Config) -> dict[str, str]:
@@ -74,7 +75,6 @@ def learn(cfg: Config, members: int, *extra: str) -> list[str]:
 
 
 def feed(cfg: Config, events: list[Any]) -> None:
-    ensure_run_topics(cfg)
     with Producer(cfg.kafka, client_id="bench-feed") as producer:
         for event in events:
             producer.produce(TopicNames(cfg.run).trajectories, encode(event), key=event.episode_id.encode())
@@ -93,37 +93,50 @@ def update_rate(cfg: Config) -> float:
     return (u1 - u0) / max(t1 - t0, 1e-9)
 
 
+def wait_for_split(log: Path, since: int, members: int, agent: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Until every member's last logged assignment holds PARTITIONS / members partitions (data fed before that
+    would all go to whichever member joined Kafka first)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = log.read_text(errors="replace")[since:]
+        last = dict(re.findall(r"learner (\d+) assigned (\[[^\]]*\])", text))
+        if len(last) == members and all(v.count("(") == PARTITIONS // members for v in last.values()):
+            return
+        if time.monotonic() > deadline or agent.poll() is not None:
+            raise SystemExit(f"the {members}-member group never split the partitions; see {log}")
+        time.sleep(0.5)
+
+
+def start(cfg: Config, members: int, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], int]:
+    since = log.stat().st_size if log.exists() else 0
+    with log.open("ab") as out:
+        agent = subprocess.Popen(
+            learn(cfg, members, *extra), env=env_for(cfg), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return agent, since
+
+
 def throughput(root: Path, base: Config, events: list[Any], members: int, updates: int, log: Path) -> dict[str, Any]:
     cfg = load_config(None, run=f"scale{members}", data_dir=root / f"m{members}", **_common(base))
+    ensure_run_topics(cfg)
+    agent, since = start(cfg, members, log, "--max-updates", str(updates))
+    wait_for_split(log, since, members, agent, 600.0)
     feed(cfg, events)
-    with log.open("ab") as out:
-        proc = subprocess.run(
-            learn(cfg, members, "--max-updates", str(updates)),
-            env=env_for(cfg),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise SystemExit(f"{members}-member run failed ({proc.returncode}); see {log}")
-    text = re.sub(r"\s+", " ", log.read_text(errors="replace"))
-    hashes = re.findall(r"parameters sha256 ([0-9a-f]{64})", text)[-members:]
+    if agent.wait(1200) != 0:
+        raise SystemExit(f"{members}-member run failed ({agent.returncode}); see {log}")
+    text = re.sub(r"\s+", " ", log.read_text(errors="replace")[since:])
+    hashes = re.findall(r"parameters sha256 ([0-9a-f]{64})", text)
     return {"updates_per_s": update_rate(cfg), "hashes": hashes}
 
 
 def rebalance_pause(root: Path, base: Config, events: list[Any], log: Path, timeout_s: float) -> float:
     cfg = load_config(None, run="pause", data_dir=root / "pause", **_common(base))
-    feed(cfg, events)
+    ensure_run_topics(cfg)
     store = CheckpointStore(checkpoints_dir(cfg.run_dir))
-    with log.open("ab") as out:
-        agent = subprocess.Popen(
-            learn(cfg, 2, "--max-restarts", "2"),
-            env=env_for(cfg),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    agent, since = start(cfg, 2, log, "--max-restarts", "2")
     try:
+        wait_for_split(log, since, 2, agent, timeout_s)
+        feed(cfg, events)
         deadline = time.monotonic() + timeout_s
         while store.latest() is None or read_json(store.latest() / "state.json")["updates"] < 20:  # type: ignore[operator]
             if time.monotonic() > deadline or agent.poll() is not None:
@@ -135,20 +148,25 @@ def rebalance_pause(root: Path, base: Config, events: list[Any], log: Path, time
         os.kill(pid, signal.SIGKILL)
         while True:
             later = [e for e in rank0_metrics(cfg) if e.timestamp.timestamp() > killed]
-            if any(e.values["updates"] > resumed_from for e in later):
-                first = min(e.timestamp.timestamp() for e in later if e.values["updates"] > resumed_from)
-                return first - killed
-            if time.monotonic() > deadline + 120:
+            updated = [e.timestamp.timestamp() for e in later if e.values["updates"] > resumed_from]
+            if updated:
+                return min(updated) - killed
+            if time.monotonic() > deadline + 300:
                 raise SystemExit(f"the group did not update again after the kill; see {log}")
             time.sleep(0.5)
     finally:
-        os.killpg(agent.pid, signal.SIGKILL)
-        agent.wait()
+        # SIGTERM first: the agent stops its members (they run in sessions of their own, out of reach of killpg).
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(180)
+        except subprocess.TimeoutExpired:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
 
 
 def _common(base: Config) -> dict[str, Any]:
     return {
-        "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers, "trajectory_partitions": 4},
+        "kafka": {"bootstrap_servers": base.kafka.bootstrap_servers, "trajectory_partitions": PARTITIONS},
         "model": {"base": base.model.base},
     }
 

@@ -64,8 +64,9 @@ def launch_group(nproc_per_node: int, nnodes: str, rdzv_endpoint: str, max_resta
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    from distrl_stream.learner.group import launch_command
+    from distrl_stream.learner.group import AGENT_ENV, launch_command
 
+    os.environ.update(AGENT_ENV)
     args = launch_command(
         nproc_per_node, member_args(sys.argv), rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, nnodes=nnodes
     )

@@ -39,6 +39,10 @@ T = TypeVar("T")
 # CPUs: an agent stopping its members would miss a rendezvous round that another agent already started).
 RDZV_CONF = {"read_timeout": "300"}
 
+# By default the agents keep one TCP store for every rendezvous round, and members' process groups then read keys a
+# previous generation left there (a restarted group hangs or dials dead members); a fresh store per round avoids it.
+AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
 # A stuck member must not hang the others forever: after this the collective fails and the agent restarts the group.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
 

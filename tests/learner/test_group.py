@@ -31,8 +31,8 @@ from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, member_logs, read_json
+from distrl_stream.learner.group import AGENT_ENV, MemberLock, Membership, launch_command
 from distrl_stream.learner.group import Group as ProcessGroup
-from distrl_stream.learner.group import MemberLock, Membership, launch_command
 from tests.learner.simdata import sim_events
 
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
@@ -108,8 +108,14 @@ class Group:
         return proc.wait(timeout_s)
 
     def stop_all(self) -> None:
+        # SIGTERM first: an agent stops its members (they run in sessions of their own, out of reach of killpg).
         for proc in self.procs:
             if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(180)
+            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
 
@@ -280,9 +286,10 @@ def test_a_member_joining_a_running_group_rebalances_with_nothing_lost_or_repeat
         )
         return [sys.executable, "-m", "torch.distributed.run", *agent]
 
-    first = processes.start(node(), _env(cfg))
+    env = {**_env(cfg), **AGENT_ENV}
+    first = processes.start(node(), env)
     processes.wait_for("a checkpoint at update 4", updates_at_least(cfg, 4))
-    second = processes.start(node(), _env(cfg))
+    second = processes.start(node(), env)
     processes.wait_for("a group of two", lambda: (latest_state(cfg) or {}).get("members") == 2)
     produce(cfg, 8, seed=5)
     before = latest_state(cfg)["updates"]  # type: ignore[index]
