@@ -300,24 +300,24 @@ class LearnerConfig(Section):
         100_000, ge=0, description="Prompts whose frozen-base critic features are cached (the base never changes)."
     )
     checkpoint_keep: int = Field(2, ge=1, description="Checkpoints kept on disk (older ones are deleted).")
-    member_id: str = Field(
-        "0",
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
-        description="This learner's id in the group {run}.learner; names its checkpoint folder, so keep it stable "
-        "across restarts.",
-    )
     threads: int = Field(0, ge=0, description="torch CPU threads of the learner (0: torch's default).")
     metrics_port: int | None = Field(
         None,
         ge=0,
         le=65535,
         description="Serve the learner's Prometheus metrics at /metrics on this port, on all "
-        "interfaces (0: a free port, logged; None: off). docs/monitor.md lists the metrics.",
+        "interfaces (0: a free port, logged; None: off); in a learner group each member on a host serves on this "
+        "port + its local rank. docs/monitor.md lists the metrics.",
     )
     tensorboard_dir: Path | None = Field(
         None,
         description="Also write the learner's metrics as TensorBoard scalars into this folder (needs the tensorboard "
         "package: the `tensorboard` extra). None: off.",
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the policy's forward and backward passes run: cuda, cpu, or auto (CUDA when torch sees a "
+        "GPU). On CUDA the base model is loaded in the dtype the server serves; on CPU in float32.",
     )
 
 

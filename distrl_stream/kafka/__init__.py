@@ -11,7 +11,7 @@
   ``RegistrySerde`` registers the run's schemas and resolves ids through Confluent's registry client.
 """
 
-from confluent_kafka import KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
 from distrl_stream.kafka.admin import Admin, TopicInfo, TopicSpec
 from distrl_stream.kafka.consumer import Consumer, EventConsumer, Received, read_topic
@@ -21,6 +21,7 @@ from distrl_stream.kafka.producer import DeliveryStats, Producer
 from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
 
 __all__ = [
+    "OFFSET_BEGINNING",
     "Admin",
     "Consumer",
     "DeadLetterQueue",

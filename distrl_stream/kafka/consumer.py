@@ -183,17 +183,35 @@ class Consumer:
         """Fetch every assigned partition again after :meth:`pause`."""
         self.client.resume(self.client.assignment())
 
-    def commit_offsets(self, topic: str, offsets: Mapping[int, int]) -> None:
+    def commit_offsets(self, topic: str, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None) -> None:
         """Synchronously commit partition -> next offset to read for ``topic``, whatever :meth:`processed` marked.
+
+        Args:
+            topic: the topic.
+            offsets: partition -> next offset to read.
+            metadata: partition -> the commit's metadata string (Kafka keeps it beside the offset).
 
         Raises:
             KafkaClientError: the group coordinator rejected the commit.
         """
-        tps = [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())]
+        meta = metadata or {}
+        tps = [TopicPartition(topic, p, o, metadata=meta.get(p, "")) for p, o in sorted(offsets.items())]
         try:
             self.client.commit(offsets=tps, asynchronous=False)
         except KafkaException as exc:
             raise KafkaClientError(f"commit of {topic} {dict(offsets)} failed: {exc.args[0].str()}") from None
+
+    def committed(self, topic: str, partitions: Iterable[int], timeout_s: float = 30.0) -> dict[int, tuple[int, str]]:
+        """Partition -> (committed offset, its metadata) of this group; partitions without a commit are left out.
+
+        Raises:
+            KafkaClientError: the group coordinator did not answer.
+        """
+        try:
+            tps = self.client.committed([TopicPartition(topic, p) for p in partitions], timeout=timeout_s)
+        except KafkaException as exc:
+            raise KafkaClientError(f"cannot read the committed offsets of {topic}: {exc.args[0].str()}") from None
+        return {tp.partition: (tp.offset, tp.metadata or "") for tp in tps if tp.offset >= 0}
 
     def poll(self, timeout_s: float = 1.0) -> Message | None:
         """The next record, or None on timeout. Transient errors are logged and give None.

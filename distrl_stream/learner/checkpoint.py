@@ -1,20 +1,24 @@
 """Learner checkpoints and the ingest log: what makes a restart lose nothing and repeat nothing.
 
-A checkpoint is one folder ``ckpt-<seq>`` under ``{run_dir}/learner/<member>/checkpoints``, written whole into a
-temporary folder, fsynced and renamed (``artifacts.atomic_dir``), so a crash at any moment leaves either the
-previous checkpoint or the new one, never half of one. It holds:
+A checkpoint is the learner group's (one policy, however many members): one folder ``ckpt-<seq>`` under
+``{run_dir}/learner/checkpoints``, written by rank 0 alone, whole into a temporary folder, fsynced and renamed
+(``artifacts.atomic_dir``), so a crash at any moment leaves either the previous checkpoint or the new one, never half
+of one. It holds:
 
 - ``adapter/``: the LoRA adapter (peft format);
 - ``trainer.pt``: critics, optimisers, update counter, torch random state;
-- ``buffer.json``: the replay buffer's contents, priorities and random state (``ReplayBuffer.state_dict``);
-- ``state.json``: the consumed offsets per partition, the version counter, the learner's counters, and the length
-  of the ingest log at that moment.
+- ``state.json``: gathered from every member: per partition the consumed offset (``offsets``) and the replay shard
+  that was held of it (``shards``: its first offset and the priority of every held record, keyed by offset), the
+  length of every member's ingest log, the version counter and the counters.
 
-The **ingest log** (``ingested.log``, beside the checkpoints) is the auditable record of every trajectory record the
-learner used, one line per record: partition, offset, episode id, what happened to it (``ingested`` into the buffer,
+The replay buffer itself is not saved: the topic is the replay store, and a restarted member rebuilds its shard by
+re-reading the shard's offset range of the partitions it is assigned (:mod:`.ingest`).
+
+The **ingest log** (``{run_dir}/learner/<member>/ingested.log``) is the auditable record of every trajectory record a
+member used, one line per record: partition, offset, episode id, what happened to it (``ingested`` into the buffer,
 ``stale``, ``incomplete``, ``dead``). It is append-only; each checkpoint records its byte length after an fsync, and a
-restart truncates it to the length of the checkpoint it resumes from, so the log and the checkpoint always agree:
-every offset below a checkpoint's offsets appears exactly once.
+restart truncates every member's log to the length the checkpoint it resumes from recorded, so the logs and the
+checkpoint always agree: every offset below a checkpoint's offsets appears exactly once over all the logs.
 """
 
 from __future__ import annotations
@@ -31,13 +35,26 @@ from typing import IO, Any
 from distrl_stream.artifacts import atomic_dir, remove_partial_dirs
 from distrl_stream.errors import CheckpointError
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
 _NAME = re.compile(r"^ckpt-(\d{8})$")
 
 
 def learner_dir(run_dir: Path, member_id: str) -> Path:
-    """Files of one learner member: ``{run_dir}/learner/<member>``."""
+    """Files of one learner member (its ingest log and lock): ``{run_dir}/learner/<member>``."""
     return run_dir / "learner" / member_id
+
+
+def checkpoints_dir(run_dir: Path) -> Path:
+    """The learner group's checkpoints: ``{run_dir}/learner/checkpoints``."""
+    return run_dir / "learner" / "checkpoints"
+
+
+def member_logs(run_dir: Path) -> dict[str, Path]:
+    """Member id -> ingest log, for every member folder of the run (also of members that are gone)."""
+    root = run_dir / "learner"
+    if not root.is_dir():
+        return {}
+    return {d.name: d / "ingested.log" for d in sorted(root.iterdir()) if d.is_dir() and d.name != "checkpoints"}
 
 
 class CheckpointStore:
@@ -72,7 +89,7 @@ class CheckpointStore:
         latest = self.latest()
         seq = int(_NAME.match(latest.name).group(1)) + 1 if latest is not None else 1  # type: ignore[union-attr]
         target = self.root / f"ckpt-{seq:08d}"
-        remove_partial_dirs(self.root)  # left only by a process killed mid-write; one learner owns this folder
+        remove_partial_dirs(self.root)  # left only by a process killed mid-write; rank 0 (locked) owns this folder
         with atomic_dir(target) as tmp:
             write(tmp)
         for old in self.all()[: -self.keep]:

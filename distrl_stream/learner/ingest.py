@@ -8,10 +8,13 @@ update. When the queue holds ``ingest_queue_episodes`` the reader pauses its par
 below half of that.
 
 Offsets: the trainer *accepts* each queued record (:meth:`TrajectoryReader.accept`) before it uses it; the accepted
-positions are what a checkpoint stores and what the reader seeks to when a partition is assigned after a restart
-(``on_assign``), so a record is used exactly once across restarts. The group's committed offsets follow the
-checkpoints (:meth:`TrajectoryReader.commit`), and a partition taken away by a rebalance is committed at the accepted
-position on revocation, so the next owner continues exactly there.
+positions are what a checkpoint stores. Where reading starts when a partition is assigned (``on_assign``) follows
+one rule (docs/learner.md, "Kafka offsets and checkpoint offsets"): every start of the learner (group) is a new
+*generation* with its own token, and every commit carries that token as its metadata. A committed offset of the
+current generation is where the previous owner handed the partition over in a rebalance (committed at its accepted
+position on revocation): continue exactly there. Any other committed offset is older than the model in memory and
+is ignored: read from the checkpoint's offset, and first re-read the range the checkpoint's replay shard held
+(``rebuild`` entries: they refill the buffer and are never ingested again nor dead-lettered twice).
 
 Records that cannot be decoded, or decode into something that is not a usable episode
 (:func:`.records.episode_from_event` raises :class:`~distrl_stream.errors.TrajectoryError`), go to ``{run}.dlq``
@@ -20,6 +23,7 @@ with the reason; they still reach the trainer as dead entries so their offsets a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -32,7 +36,7 @@ from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
 from distrl_stream.errors import EventDecodeError, KafkaClientError, TrajectoryError
 from distrl_stream.events import Termination, TrajectoryEvent, default_serde
-from distrl_stream.kafka import Message, TopicPartition
+from distrl_stream.kafka import OFFSET_BEGINNING, Message, TopicPartition
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.producer import Producer
@@ -63,6 +67,7 @@ class Entry:
         kind: episode or dead.
         episode: the converted episode (None for dead entries).
         termination: the episode's termination (None for dead entries).
+        rebuild: re-read to refill the replay shard from a checkpoint (already ingested before it).
     """
 
     partition: int
@@ -71,6 +76,7 @@ class Entry:
     kind: EntryKind
     episode: EpisodeRecord | None = None
     termination: Termination | None = None
+    rebuild: bool = False
 
 
 def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> Entry:
@@ -94,12 +100,22 @@ class TrajectoryReader(BackgroundFollower):
 
     Args:
         cfg: run, Kafka and learner settings.
-        member_id: this learner's id in the group (client id, DLQ consumer name).
-        start_offsets: partition -> next offset to read, from the checkpoint; partitions not listed start from the
-            group's committed offset (or the beginning).
+        member_id: this learner's id in the group (client id, DLQ consumer name, static membership).
+        start_offsets: partition -> next offset to read, from the checkpoint; partitions not listed (and with no
+            hand-over commit of this generation) start from the beginning.
+        shard_from: partition -> first offset of the checkpoint's replay shard (re-read as ``rebuild`` entries).
+        generation: this start's token, the metadata of every commit (see the module docstring).
     """
 
-    def __init__(self, cfg: Config, member_id: str, start_offsets: Mapping[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Config,
+        member_id: str,
+        start_offsets: Mapping[int, int] | None = None,
+        *,
+        shard_from: Mapping[int, int] | None = None,
+        generation: str = "",
+    ) -> None:
         super().__init__()
         self.thread_name = f"ingest-{member_id}"
         self.cfg = cfg
@@ -108,7 +124,12 @@ class TrajectoryReader(BackgroundFollower):
         self.dead_lettered = 0
         self.lag: int | None = None  # records on our partitions not yet accepted; None until measured
         self.ready = threading.Event()  # set once the first partitions are assigned
-        self._positions: dict[int, int] = dict(start_offsets or {})
+        self._start = dict(start_offsets or {})
+        self._shard_from = dict(shard_from or {})
+        self.generation = generation
+        self._positions: dict[int, int] = {}
+        self._rebuild_until: dict[int, int] = {}  # partition -> end of its rebuild range (the checkpoint's offset)
+        self._rebuild_pos: dict[int, int] = {}  # partition -> next rebuild offset not yet accepted
         self._assigned: set[int] = set()
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
@@ -153,7 +174,10 @@ class TrajectoryReader(BackgroundFollower):
         with self._cond:
             if entry.partition not in self._assigned:
                 return False
-            self._positions[entry.partition] = entry.offset + 1
+            if entry.rebuild:
+                self._rebuild_pos[entry.partition] = entry.offset + 1
+            else:
+                self._positions[entry.partition] = entry.offset + 1
             return True
 
     def positions(self) -> dict[int, int]:
@@ -188,7 +212,13 @@ class TrajectoryReader(BackgroundFollower):
     def _follow(self) -> None:
         ensure_run_topics(self.cfg)
         producer = self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-dlq")
-        consumer = Consumer(self.cfg.kafka, group_id=self.topics.learner_group, client_id=f"learner-{self.member_id}")
+        consumer = Consumer(
+            self.cfg.kafka,
+            group_id=self.topics.learner_group,
+            client_id=f"learner-{self.member_id}",
+            # Static membership: a member restarted by the elastic agent gets its partitions back without a rebalance.
+            overrides={"group.instance.id": f"{self.topics.learner_group}-{self.member_id}"},
+        )
         dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{self.topics.learner_group}/{self.member_id}")
         limit = self.cfg.learner.ingest_queue_episodes
         lag_due = 0.0
@@ -201,7 +231,7 @@ class TrajectoryReader(BackgroundFollower):
                     self._measure_lag(consumer)
                 self._flow_control(consumer, limit)
                 batch = consumer.consume(256, 0.2)
-                entries = [entry_from_message(msg, dead_letters) for msg in batch]
+                entries = [self._entry(msg, dead_letters) for msg in batch]
                 self.dead_lettered = dead_letters.count
                 if entries:
                     with self._cond:
@@ -231,6 +261,15 @@ class TrajectoryReader(BackgroundFollower):
             max(high - max(accepted.get(p, fetched.get(p, low)), low), 0) for p, (low, high) in marks.items()
         )
 
+    def _entry(self, msg: Message, dead_letters: DeadLetterQueue) -> Entry:
+        partition, offset = msg.partition() or 0, msg.offset() or 0
+        with self._cond:
+            rebuild = offset < self._rebuild_until.get(partition, -1)
+        if not rebuild:
+            return entry_from_message(msg, dead_letters)
+        # Dead letters of the shard's range were sent before the checkpoint: do not send them twice.
+        return dataclasses.replace(entry_from_message(msg, None), rebuild=True)
+
     def _flow_control(self, consumer: Consumer, limit: int) -> None:
         queued = self.queued
         if not self._paused and queued >= limit:
@@ -245,21 +284,46 @@ class TrajectoryReader(BackgroundFollower):
             offsets, self._pending_commit = self._pending_commit, None
             owned = {p: o for p, o in (offsets or {}).items() if p in self._assigned}
         if owned:
-            self._commit(consumer, owned)
+            try:
+                consumer.commit_offsets(self.topics.trajectories, owned, dict.fromkeys(owned, self.generation))
+            except KafkaClientError as exc:
+                # Checkpoint commits only show progress to lag tools; hand-over commits are the ones that matter.
+                log.warning("learner %s: %s", self.member_id, exc)
 
-    def _commit(self, consumer: Consumer, offsets: Mapping[int, int]) -> None:
-        try:
-            consumer.commit_offsets(self.topics.trajectories, offsets)
-        except KafkaClientError as exc:
-            # Committed offsets only guide other members; the checkpoint stays the source of truth.
-            log.warning("learner %s: %s", self.member_id, exc)
+    def _handover(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
+        """Where the next owner of ``partitions`` continues (a rebuild in progress continues too); under the lock."""
+        offsets, metadata = {}, {}
+        for p in partitions:
+            until = self._rebuild_until.get(p)
+            if until is not None and self._rebuild_pos.get(p, until) < until:
+                offsets[p], metadata[p] = self._rebuild_pos[p], f"{self.generation}/{until}"
+            elif p in self._positions:
+                offsets[p], metadata[p] = self._positions[p], self.generation
+        return offsets, metadata
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        committed = consumer.committed(self.topics.trajectories, [tp.partition for tp in partitions])
         with self._cond:
             for tp in partitions:
-                if tp.partition in self._positions:
-                    tp.offset = self._positions[tp.partition]
-                self._assigned.add(tp.partition)
+                p = tp.partition
+                offset, metadata = committed.get(p, (-1, ""))
+                token, _, until = metadata.partition("/")
+                if self.generation and token == self.generation:
+                    # Handed over within this generation: continue exactly where the last owner stopped.
+                    tp.offset = self._positions[p] = offset
+                    if until:
+                        self._rebuild_until[p] = self._positions[p] = int(until)
+                        self._rebuild_pos[p] = offset
+                elif p in self._start:
+                    start = self._start[p]
+                    first = min(self._shard_from.get(p, start), start)
+                    tp.offset = self._positions[p] = start
+                    if first < start:
+                        tp.offset = self._rebuild_pos[p] = first
+                        self._rebuild_until[p] = start
+                else:
+                    tp.offset = OFFSET_BEGINNING
+                self._assigned.add(p)
         # Assigning here with offsets set is how a rebalance callback chooses where reading starts.
         consumer.assign(partitions)
         self._paused = False
@@ -273,10 +337,13 @@ class TrajectoryReader(BackgroundFollower):
             kept = [e for e in self._queue if e.partition not in revoked]
             self._queue.clear()
             self._queue.extend(kept)
-            handover = {p: o for p, o in self._positions.items() if p in revoked}
+            offsets, metadata = self._handover(revoked)
             for p in revoked:
                 self._positions.pop(p, None)
-        if handover:
-            # The next owner continues exactly after what this member used.
-            self._commit(consumer, handover)
+                self._rebuild_until.pop(p, None)
+                self._rebuild_pos.pop(p, None)
+        if offsets:
+            # The next owner continues exactly after what this member used. A failed hand-over is fatal: the
+            # group restarts from its checkpoint rather than let the next owner guess.
+            consumer.commit_offsets(self.topics.trajectories, offsets, metadata)
         log.info("learner %s revoked %s", self.member_id, sorted(revoked))

@@ -19,15 +19,21 @@ The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
 4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
 5. every ``metrics_interval_s`` publish a MetricEvent (role ``learner``) on ``{run}.metrics``.
 
+In a learner group (:mod:`.group`, started by torch's elastic agent) every member runs this loop on its own
+partitions and replay shard; the members decide together whether to update, average their gradients, and rank 0
+alone publishes versions and writes the group's checkpoints.
+
 Version numbers never repeat: after a restart the counter continues from the larger of the checkpoint's and the
 newest adapter in the artifact store (a version published after the last checkpoint keeps its number).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +53,16 @@ from distrl_stream.learner.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointStore,
     IngestLog,
+    checkpoints_dir,
     learner_dir,
+    member_logs,
     read_json,
     write_json,
 )
+from distrl_stream.learner.group import Group, MemberLock, Membership
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.records import EpisodeRecord
-from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.learner.trainer import Trainer, load_policy, resolve_device
 from distrl_stream.monitor.prometheus import LearnerMetrics
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
 from distrl_stream.policy.model_dir import resolve_model_dir
@@ -100,7 +109,8 @@ class _Window:
 
 
 class Learner:
-    """One member of the learner group ``{run}.learner`` (see the module docstring).
+    """One member of the learner group ``{run}.learner`` (see the module docstring); its rank comes from the
+    elastic agent's environment (:class:`~.group.Membership`), rank 0 when started alone.
 
     Args:
         cfg: the configuration (``learner``, ``model``, ``inference.temperature``, ``kafka``, ``run``, ``data_dir``).
@@ -111,22 +121,33 @@ class Learner:
     def __init__(self, cfg: Config, *, model_dir: Path | None = None) -> None:
         self.cfg = cfg
         self.settings = cfg.learner
-        self.member_id = cfg.learner.member_id
+        self.membership = Membership.from_env()
+        self.member_id = self.membership.member_id
         self.topics = TopicNames(cfg.run)
         self.dir = learner_dir(cfg.run_dir, self.member_id)
-        self.store = CheckpointStore(self.dir / "checkpoints", cfg.learner.checkpoint_keep)
+        self.store = CheckpointStore(checkpoints_dir(cfg.run_dir), cfg.learner.checkpoint_keep)
+        self.lock = MemberLock(self.dir, f"learner member {self.member_id} of run {cfg.run!r}")
         self.ingest_log = IngestLog(self.dir / "ingested.log")
         self.counters = Counters()
-        # The one record of the current policy version: the number of the newest version this learner published
-        # (or found in the artifact store at start); lags and round mode are measured from it.
+        # The one record of the current policy version: the number of the newest version rank 0 published (or found
+        # in the artifact store at start); lags and round mode are measured from it.
         self.version = 0
-        self.buffer = ReplayBuffer.from_config(cfg.learner)
+        # Each member samples its own shard with its own generator.
+        self.buffer = ReplayBuffer(
+            cfg.learner.buffer_capacity_steps, cfg.learner.dper_alpha, seed=cfg.learner.seed + self.membership.rank
+        )
+        self.group = Group(self.membership, torch.device("cpu"))
         self.restored_from: Path | None = None
         self._model_dir = model_dir
         self._trainer: Trainer | None = None
         self._reader: TrajectoryReader | None = None
         self._producer: Producer | None = None
         self._start_offsets: dict[int, int] = {}
+        self._shard_from: dict[int, int] = {}  # partition -> first offset of the checkpoint's shard
+        self._restore_priorities: dict[tuple[int, int], float] = {}  # (partition, offset) -> priority, to rebuild
+        self._origins: dict[int, tuple[int, int]] = {}  # buffer key -> (partition, offset) of its record
+        self._log_lengths: dict[str, int] = {}  # member -> ingest log length, as the last checkpoint recorded
+        self._generation = ""
         self._window = _Window()
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: trajectories of the current version since the last publish
@@ -171,28 +192,60 @@ class Learner:
         """
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
-        if self.settings.tensorboard_dir is not None:
+        self.device = resolve_device(self.settings.device)
+        if self.membership.world_size > 1 and self._round_mode():
+            raise LearnerError("learner.round_episodes: round mode needs a single learner member (--nproc-per-node 1)")
+        self.lock.acquire()
+        # One scalar log for the group: the writer's (every member's numbers are on {run}.metrics with its rank).
+        if self.settings.tensorboard_dir is not None and self.membership.writer:
             self._tensorboard = scalar_writer(self.settings.tensorboard_dir, "learner.tensorboard_dir")
-        self.prometheus.serve(self.settings.metrics_port, "learner.metrics_port")
-        ensure_run_topics(self.cfg)
+        # Members on one host each need a port of their own: the configured one plus the local rank.
+        port = self.settings.metrics_port
+        self.prometheus.serve(port + self.membership.local_rank if port else port, "learner.metrics_port")
+        self.group = Group(self.membership, self.device)
+        self.group.start()
+        if self.membership.writer:
+            ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
-        checkpoint = self.store.latest()
+        # Rank 0 decides, so every member resumes from the same checkpoint within the same generation.
+        checkpoint, self._generation = self.group.broadcast((self.store.latest(), uuid.uuid4().hex))
+        if self.membership.writer:
+            self._truncate_logs(checkpoint)
+        self.group.exchange([0.0])  # nobody appends to an ingest log before rank 0 has cut them all
         if checkpoint is not None:
             self._restore(checkpoint, model_dir)
             return
-        self.ingest_log.truncate(0)  # records of a run that died before its first checkpoint are re-read
-        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter)
-        self._trainer = Trainer(
-            self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature
-        )
-        self.version = newest_artifact_version(self.cfg)
+        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter, self.device)
+        self._trainer = self._new_trainer(model, tokenizer)
+        self.version = self.group.broadcast(newest_artifact_version(self.cfg))
         if from_replay is not None:
             self.pretrain(from_replay, replay_updates, replay_algorithm)
         if self.settings.init_adapter is not None or from_replay is not None:
             self.publish()
             self.checkpoint()
+
+    def _new_trainer(self, model: Any, tokenizer: Any) -> Trainer:
+        trainer = Trainer(
+            self.settings,
+            model,
+            tokenizer,
+            self.buffer,
+            temperature=self.cfg.inference.temperature,
+            grad_sync=self.group.average_gradients if self.group.distributed else None,
+        )
+        # Identical weights on every member from the start (a fresh LoRA's A matrices are random).
+        self.group.broadcast_parameters([*trainer.policy_params, *trainer.critic_params])
+        return trainer
+
+    def _truncate_logs(self, checkpoint: Path | None) -> None:
+        """Cut every member's ingest log back to the checkpoint (rank 0, before any member ingests): what was used
+        after it is used again, by whichever member owns its partition now."""
+        recorded = read_json(checkpoint / "state.json").get("ingest_logs", {}) if checkpoint is not None else {}
+        for member, path in member_logs(self.cfg.run_dir).items():
+            IngestLog(path).truncate(int(recorded.get(member, 0)))
+        self._log_lengths = {m: int(n) for m, n in recorded.items()}
 
     def _restore(self, checkpoint: Path, model_dir: Path) -> None:
         state = read_json(checkpoint / "state.json")
@@ -201,32 +254,34 @@ class Learner:
                 f"checkpoint {checkpoint} is format {state.get('format')!r} of run {state.get('run')!r}; "
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
-        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter")
-        try:
-            self.buffer = ReplayBuffer.from_state_dict(read_json(checkpoint / "buffer.json"))
-        except ReplayBufferError as exc:
-            raise CheckpointError(f"checkpoint {checkpoint}: {exc}") from None
-        trainer = Trainer(self.settings, model, tokenizer, self.buffer, temperature=self.cfg.inference.temperature)
+        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter", self.device)
+        trainer = self._new_trainer(model, tokenizer)
         try:
             trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", weights_only=True))
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             raise CheckpointError(f"checkpoint {checkpoint}: trainer state unusable: {exc}") from None
         self._trainer = trainer
         self._start_offsets = {int(p): int(o) for p, o in state["offsets"].items()}
-        self.counters = Counters(**state["counters"])
-        self.version = max(int(state["version"]), newest_artifact_version(self.cfg))
+        shards = state["shards"]
+        self._shard_from = {int(p): int(shard["from"]) for p, shard in shards.items()}
+        self._restore_priorities = {
+            (int(p), int(o)): float(v) for p, shard in shards.items() for o, v in shard["priorities"].items()
+        }
+        # The group's counters continue on rank 0; the other members count from zero what they do from now on.
+        if self.membership.writer:
+            self.counters = Counters(**state["counters"])
+        self.version = self.group.broadcast(max(int(state["version"]), newest_artifact_version(self.cfg)))
         self._round_new = int(state.get("round_new", 0))
         self._round_updates_left = int(state.get("round_updates_left", 0))
-        self.ingest_log.truncate(int(state["ingest_log_bytes"]))
         self.restored_from = checkpoint
         log.info(
-            "learner %s resumed from %s: update %d, version %d, offsets %s, %d episodes in the buffer",
+            "learner %s resumed from %s: update %d, version %d, offsets %s, %d shard records to re-read",
             self.member_id,
             checkpoint.name,
             trainer.updates,
             self.version,
             self._start_offsets,
-            len(self.buffer),
+            len(self._restore_priorities),
         )
 
     def run(self, stop: threading.Event | None = None) -> None:
@@ -241,18 +296,30 @@ class Learner:
         if limit and trainer.updates >= limit:
             log.info("learner %s: max_updates=%d already reached", self.member_id, limit)
             return
-        self._reader = TrajectoryReader(self.cfg, self.member_id, self._start_offsets)
+        self._reader = TrajectoryReader(
+            self.cfg,
+            self.member_id,
+            self._start_offsets,
+            shard_from=self._shard_from,
+            generation=self._generation,
+        )
         self._reader.start()
         self._window = _Window()
         self._replay_base = (trainer.updates, self.counters.ingested - len(self.buffer))
         clean = False
         try:
-            while not stop.is_set():
+            while True:
                 if self._reader.failed is not None:
                     raise LearnerError(f"trajectory reader failed: {self._reader.failed}") from self._reader.failed
                 self._ingest(self._reader.drain(512))
-                if self._should_update():
-                    self._update_once()
+                ready = self._should_update()
+                # One collective per iteration on every member: update if any can, stop if any must.
+                go, stopping, version = self.group.exchange([float(ready), float(stop.is_set()), float(self.version)])
+                self.version = max(self.version, int(version))
+                if stopping:
+                    break
+                if go:
+                    self._update_once(contribute=ready)
                     if limit and trainer.updates >= limit:
                         log.info("learner %s: max_updates=%d reached", self.member_id, limit)
                         break
@@ -269,8 +336,16 @@ class Learner:
             self._reader.stop()
             self._reader = None
 
+    def parameter_hash(self) -> str:
+        """sha256 of the trainable parameters (LoRA and critics): equal on every member of a group."""
+        digest = hashlib.sha256()
+        for p in [*self.trainer.policy_params, *self.trainer.critic_params]:
+            digest.update(p.detach().float().cpu().numpy().tobytes())
+        return digest.hexdigest()
+
     def close(self) -> None:
-        """Flush the producer and close the ingest log (the learner's resources; idempotent)."""
+        """Flush the producer, close the ingest log, leave the process group, release the member's lock
+        (idempotent)."""
         self.ingest_log.close()
         self.prometheus.close()
         if self._tensorboard is not None:
@@ -279,6 +354,8 @@ class Learner:
         if self._producer is not None:
             self._producer.close()
             self._producer = None
+        self.group.close()
+        self.lock.release()
 
     # -- ingest --------------------------------------------------------------------------------------------------
 
@@ -287,6 +364,9 @@ class Learner:
         for entry in entries:
             if not self._reader.accept(entry):
                 continue  # its partition moved to another member, which reads it from our hand-over commit
+            if entry.rebuild:
+                self._rebuild(entry)
+                continue
             self._dirty = True
             if entry.kind is EntryKind.DEAD or entry.episode is None:
                 self.counters.dead += 1
@@ -295,10 +375,23 @@ class Learner:
             episode = entry.episode
             if self._round_mode() and all(s.policy_version == self.version for s in episode.steps):
                 self._round_new += 1
-            status = self._admit(episode, entry.termination in INCOMPLETE_TERMINATIONS)
+            status = self._admit(episode, entry.termination in INCOMPLETE_TERMINATIONS, (entry.partition, entry.offset))
             self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, status)
 
-    def _admit(self, episode: EpisodeRecord, incomplete: bool) -> str:
+    def _rebuild(self, entry: Entry) -> None:
+        """Put a record of the checkpoint's shard back in the buffer at its priority (no log line, no counter: it
+        was ingested before the checkpoint)."""
+        priority = self._restore_priorities.pop((entry.partition, entry.offset), None)
+        if priority is None or entry.episode is None:
+            return  # not held by the shard (dropped, evicted) when the checkpoint was written
+        try:
+            key = self.buffer.add(entry.episode)
+        except ReplayBufferError:
+            return
+        self._origins[key] = (entry.partition, entry.offset)
+        self.buffer.update_priorities([key], [priority])
+
+    def _admit(self, episode: EpisodeRecord, incomplete: bool, origin: tuple[int, int]) -> str:
         """Put one episode in the buffer unless it is incomplete or stale; returns its ingest-log status."""
         if incomplete:
             self.counters.incomplete += 1
@@ -308,11 +401,12 @@ class Learner:
             self.counters.stale += 1
             return "stale"
         try:
-            self.buffer.add(episode)
+            key = self.buffer.add(episode)
         except ReplayBufferError as exc:
             log.warning("episode %s refused by the replay buffer: %s", episode.episode_id, exc)
             self.counters.rejected += 1
             return "rejected"
+        self._origins[key] = origin
         self._window.lags.extend(lags)
         for lag in lags:
             self.prometheus.policy_lag.observe(lag)
@@ -340,9 +434,9 @@ class Learner:
         updates = self.trainer.updates - base_updates + (1 if next_update else 0)
         return updates * self.settings.batch_episodes / max(self.counters.ingested - base_ingested, 1)
 
-    def _update_once(self) -> None:
+    def _update_once(self, *, contribute: bool = True) -> None:
         trainer = self.trainer
-        stats = trainer.update(version=self.version)
+        stats = trainer.update(version=self.version, contribute=contribute)
         if stats is not None:
             self._window.add(stats)
             self._last_stats = stats
@@ -362,17 +456,20 @@ class Learner:
         if stats is not None and trainer.updates % self.settings.checkpoint_interval_updates == 0:
             self.checkpoint()
 
-    def publish(self) -> WeightVersionEvent:
-        """Write the current adapter as the next version (atomically, then hashed) and THEN announce it.
+    def publish(self) -> WeightVersionEvent | None:
+        """Write the current adapter as the next version (atomically, then hashed) and THEN announce it (rank 0; the
+        other members learn the number in the next :meth:`~.group.Group.exchange`).
 
         Returns:
-            The published event.
+            The published event (None on members other than rank 0).
 
         Raises:
             KafkaClientError: the event was not acknowledged (the artifact stays; the next publish takes the next
                 number).
         """
         assert self._producer is not None
+        if not self.membership.writer:
+            return None
         version = max(self.version, newest_artifact_version(self.cfg)) + 1
         target = adapter_dir(self.cfg, version)
         with atomic_dir(target) as tmp:
@@ -394,30 +491,69 @@ class Learner:
         return event
 
     def checkpoint(self) -> Path | None:
-        """Write an atomic checkpoint of everything (see :mod:`.checkpoint`) and commit its offsets to the group.
+        """Write the group's atomic checkpoint (see :mod:`.checkpoint`) and commit each member's offsets.
+
+        Collective in a group: every member calls it at the same update; each contributes its positions, its shard
+        and its ingest log's length, and rank 0 writes.
 
         Returns:
             The checkpoint folder, or None when nothing changed since the last one.
         """
-        if not self._dirty and self.store.latest() is not None:
-            return None
         trainer = self.trainer
+        positions: dict[int, int] = {}
         if self._reader is not None:
             # Dead letters below the checkpoint's offsets must be durable before the offsets move past them.
             self._reader.flush_dead_letters()
-            offsets = self._reader.positions()
-        else:
-            offsets = dict(self._start_offsets)
+            positions = self._reader.positions()
+        self._origins = {k: self._origins[k] for k in self.buffer if k in self._origins}
+        mine = {
+            "dirty": self._dirty,
+            "positions": positions,
+            "shard": [(*self._origins[k], self.buffer.priority(k)) for k in self._origins],
+            "log_bytes": self.ingest_log.sync(),
+            "counters": self.counters.as_dict(),
+        }
+        members = self.group.gather(mine)
+        written = self._write_checkpoint(members) if self.membership.writer else None
+        path, offsets = self.group.broadcast(written or (None, None))
+        if path is None:
+            return None
+        self._start_offsets = offsets
+        self._dirty = False
+        if self._reader is not None:
+            self._reader.commit(positions)
+        log.info("learner %s: %s at update %d, offsets %s", self.member_id, path.name, trainer.updates, positions)
+        return path
+
+    def _write_checkpoint(self, members: list[dict[str, Any]]) -> tuple[Path, dict[int, int]] | None:
+        """Rank 0: merge the members' parts and write the checkpoint (None when no member changed anything)."""
+        if not any(m["dirty"] for m in members) and self.store.latest() is not None:
+            return None
+        trainer = self.trainer
+        offsets = dict(self._start_offsets)  # partitions no member holds now keep the last checkpoint's offset
+        shards: dict[int, dict[int, float]] = {}
+        for m in members:
+            for p, o in m["positions"].items():
+                offsets[p] = max(offsets.get(p, 0), o)
+            for p, o, priority in m["shard"]:
+                shards.setdefault(p, {})[o] = priority
+        # Logs of members that are gone stay as they were: their lines are part of the group's history.
+        self._log_lengths = {**self._log_lengths, **{str(rank): m["log_bytes"] for rank, m in enumerate(members)}}
+        counters = {k: sum(m["counters"][k] for m in members) for k in members[0]["counters"]}
         state = {
             "format": CHECKPOINT_FORMAT,
             "run": self.cfg.run,
             "policy_id": self.cfg.model.policy_id,
-            "member_id": self.member_id,
+            "members": len(members),
             "updates": trainer.updates,
             "version": self.version,
             "offsets": {str(p): o for p, o in sorted(offsets.items())},
-            "counters": self.counters.as_dict(),
-            "ingest_log_bytes": self.ingest_log.sync(),
+            "shards": {
+                str(p): {"from": min(held), "priorities": {str(o): held[o] for o in sorted(held)}}
+                for p, held in sorted(shards.items())
+            },
+            "ingest_logs": self._log_lengths,
+            "counters": counters,
             "round_new": self._round_new,
             "round_updates_left": self._round_updates_left,
             "created_at": utc_now().isoformat(),
@@ -426,16 +562,9 @@ class Learner:
         def write(folder: Path) -> None:
             trainer.save_adapter(folder / "adapter")
             torch.save(trainer.state_dict(), folder / "trainer.pt")
-            write_json(folder / "buffer.json", self.buffer.state_dict())
             write_json(folder / "state.json", state)
 
-        path = self.store.save(write)
-        self._start_offsets = offsets
-        self._dirty = False
-        if self._reader is not None:
-            self._reader.commit(offsets)
-        log.info("learner %s: %s at update %d, offsets %s", self.member_id, path.name, trainer.updates, offsets)
-        return path
+        return self.store.save(write), offsets
 
     # -- offline pre-training (off-to-on) ------------------------------------------------------------------------
 
@@ -524,7 +653,12 @@ class Learner:
     def emit_metrics(self, *, final: bool = False) -> MetricEvent:
         """Publish :meth:`metrics` on ``{run}.metrics`` and start a new measurement window."""
         assert self._producer is not None
-        labels = {"algorithm": self.settings.algorithm, "policy_id": self.cfg.model.policy_id}
+        labels = {
+            "algorithm": self.settings.algorithm,
+            "policy_id": self.cfg.model.policy_id,
+            "rank": self.member_id,
+            "members": str(self.membership.world_size),
+        }
         if final:
             labels["event"] = "final"
         event = MetricEvent(

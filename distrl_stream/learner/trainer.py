@@ -21,7 +21,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,10 @@ from distrl_stream.policy.prompt import build_prompt
 
 log = logging.getLogger(__name__)
 
+# Averages the gradients of the given parameters over a learner group in place; the flag says whether this member
+# computed any (False: it takes part with zero weight). Returns whether any member did (learner/group.py).
+GradSync = Callable[[Sequence[torch.nn.Parameter], bool], bool]
+
 # ----------------------------------------------------------------------------------------------------------------
 # Policy model
 # ----------------------------------------------------------------------------------------------------------------
@@ -57,23 +61,50 @@ def lora_config(model: ModelConfig) -> LoraConfig:
     )
 
 
+def resolve_device(device: str) -> torch.device:
+    """``learner.device`` as a torch device: ``auto`` is CUDA when torch sees a GPU, else the CPU.
+
+    Raises:
+        LearnerError: ``cuda`` was asked for and torch sees no GPU.
+    """
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise LearnerError("learner.device = 'cuda' but torch sees no CUDA device (CPU-only torch, or no GPU visible)")
+    return torch.device(device)
+
+
+def served_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype vLLM's ``dtype=auto`` serves ``model_dir`` in: the checkpoint's own, float32 checkpoints in float16."""
+    config = json.loads((model_dir / "config.json").read_text())
+    name = config.get("torch_dtype") or config.get("dtype") or "float32"
+    dtype = getattr(torch, str(name), torch.float32)
+    return torch.float16 if dtype == torch.float32 else dtype
+
+
 def load_policy(
-    model_dir: Path, model: ModelConfig, adapter: Path | None = None
+    model_dir: Path, model: ModelConfig, adapter: Path | None = None, device: torch.device | None = None
 ) -> tuple[PeftModel, PreTrainedTokenizerBase]:
-    """The trainable policy: the base model in float32 plus a LoRA adapter (fresh, or loaded from ``adapter``).
+    """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``.
+
+    On the CPU the base is float32; on CUDA it is in the dtype the server serves (:func:`served_dtype`), so the
+    learner's log π is computed as the behaviour's was (peft keeps the adapter's own weights in float32).
 
     Args:
         model_dir: the base model folder (the one the server serves).
         model: LoRA shape and policy id.
         adapter: a peft adapter folder to start from (warm start or checkpoint); None for a fresh adapter, which
             leaves the base model's behaviour unchanged (peft initialises B = 0).
+        device: where the model lives (default the CPU).
 
     Raises:
         LearnerError: the adapter folder is not a peft LoRA adapter, or its rank exceeds ``model.lora_rank`` (the
             server would refuse to load its versions).
     """
+    device = device or torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    dtype = served_dtype(model_dir) if device.type == "cuda" else torch.float32
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     if adapter is None:
         return get_peft_model(base, lora_config(model)), tokenizer
     config_file = adapter / "adapter_config.json"
@@ -87,7 +118,7 @@ def load_policy(
             f"adapter {adapter}: peft_type {adapter_cfg.get('peft_type')!r} rank {rank}; the learner needs a LoRA "
             f"adapter of rank <= model.lora_rank ({model.lora_rank}), which the server accepts"
         )
-    return PeftModel.from_pretrained(base, adapter, is_trainable=True), tokenizer
+    return PeftModel.from_pretrained(base, adapter, is_trainable=True).to(device), tokenizer
 
 
 def step_prompt(episode: EpisodeRecord, t: int) -> str:
@@ -145,6 +176,8 @@ class Trainer:
         buffer: the replay buffer updates sample from (the learner's; it owns and checkpoints it). Updates refresh
             its priorities and remove episodes whose actions are impossible.
         temperature: the sampling temperature the server uses (log π is recomputed with it).
+        grad_sync: in a learner group, the gradient average over members (every update calls it exactly once on
+            every member, whatever its buffer holds); None for a single learner.
     """
 
     def __init__(
@@ -155,8 +188,10 @@ class Trainer:
         buffer: ReplayBuffer,
         *,
         temperature: float = 1.0,
+        grad_sync: GradSync | None = None,
     ) -> None:
         self.cfg = cfg
+        self.grad_sync = grad_sync
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
@@ -185,12 +220,15 @@ class Trainer:
 
     # -- the update ----------------------------------------------------------------------------------------------
 
-    def update(self, algorithm: Algorithm | None = None, *, version: int = 0) -> dict[str, float] | None:
+    def update(
+        self, algorithm: Algorithm | None = None, *, version: int = 0, contribute: bool = True
+    ) -> dict[str, float] | None:
         """One update of ``algorithm`` (default ``cfg.algorithm``) on a batch from the buffer.
 
         Args:
             algorithm: the update rule.
             version: the learner's current policy version; the batch's lag statistics are measured from it.
+            contribute: False: in a group, take part in the others' update with zero weight (too little data).
 
         Returns:
             The update's statistics, or None when there was nothing to learn from (empty buffer; no successful
@@ -198,29 +236,44 @@ class Trainer:
             which is removed from the buffer and counted in ``rejected``).
         """
         algorithm = algorithm or self.cfg.algorithm
-        if len(self.buffer) == 0:
-            return None
+        stats = self._local_update(algorithm, version) if contribute and len(self.buffer) else None
+        if stats is None:
+            # In a group the others' step happens anyway: take part with zero weight, apply the same step.
+            stats = self._step_without_batch(algorithm)
+            if stats is None:
+                return None
+        self.updates += 1
+        if algorithm == "aride" and self.updates % self.cfg.priority_refresh_interval == 0:
+            stats["priorities_refreshed"] = float(self.refresh_priorities())
+        return stats
+
+    def _local_update(self, algorithm: Algorithm, version: int) -> dict[str, float] | None:
         try:
             if algorithm == "aride":
-                stats = self.aride_update(version)
-            elif algorithm == "digirl":
-                stats = self.digirl_update(version)
-            elif algorithm in ("filtered_bc", "bc"):
-                stats = self.bc_update(version, filtered=algorithm == "filtered_bc")
-            else:
-                raise LearnerError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
+                return self.aride_update(version)
+            if algorithm == "digirl":
+                return self.digirl_update(version)
+            if algorithm in ("filtered_bc", "bc"):
+                return self.bc_update(version, filtered=algorithm == "filtered_bc")
+            raise LearnerError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
         except ActionConstraintError as exc:
             log.warning("batch has an impossible action (%s); removing the episodes that hold one", exc)
             self.policy_opt.zero_grad(set_to_none=True)
             self.critic_opt.zero_grad(set_to_none=True)
             self._reject_impossible()
             return None
-        if stats is None:
+
+    def _step_without_batch(self, algorithm: Algorithm) -> dict[str, float] | None:
+        """A group member with nothing to learn from: its zero-weight share of the group's step (None when alone,
+        or when no member had a batch)."""
+        if self.grad_sync is None:
             return None
-        self.updates += 1
-        if algorithm == "aride" and self.updates % self.cfg.priority_refresh_interval == 0:
-            stats["priorities_refreshed"] = float(self.refresh_priorities())
-        return stats
+        self.policy_opt.zero_grad(set_to_none=True)
+        self.critic_opt.zero_grad(set_to_none=True)
+        if not self.grad_sync([*self.policy_params, *self.critic_params], False):
+            return None
+        warming_up = algorithm == "aride" and self.updates < self.cfg.critic_warmup_updates
+        return {**self._apply(policy=not warming_up), "contributed": 0.0}
 
     def aride_update(self, version: int) -> dict[str, float]:
         """One A-RIDE update (docs/design.md §5) on a DPER sample; refreshes the sampled episodes' priorities."""
@@ -369,7 +422,10 @@ class Trainer:
             constraint=self.constraint,
         )
         per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
-        return aride.pad_steps(out.logprob, mask), aride.pad_steps(per_step_entropy, mask)
+        # The A-RIDE maths and the critic heads run on the CPU beside the cached features; autograd carries the
+        # gradient back to a policy on the GPU (no-ops on the CPU).
+        logprob, per_step_entropy = out.logprob.float().cpu(), per_step_entropy.float().cpu()
+        return aride.pad_steps(logprob, mask), aride.pad_steps(per_step_entropy, mask)
 
     def step_features(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """Critic features of every step, flat and episode-major (``[N, hidden]``)."""
@@ -399,11 +455,17 @@ class Trainer:
         return self.traj_critic.loss(first, torch.tensor([e.success for e in episodes]))
 
     def _step(self, loss: Tensor, *, policy: bool = True) -> dict[str, float]:
-        """Backpropagate, clip the policy's and the critics' gradients to max_grad_norm each, step both (the policy
-        only when ``policy``)."""
+        """Backpropagate, average the gradients over the group (if any), then :meth:`_apply` them."""
         self.policy_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
+        if self.grad_sync is not None:
+            self.grad_sync([*self.policy_params, *self.critic_params], True)
+        return self._apply(policy=policy)
+
+    def _apply(self, *, policy: bool) -> dict[str, float]:
+        """Clip the policy's and the critics' gradients to max_grad_norm each, step both (the policy only when
+        ``policy``)."""
         critic_norm = torch.nn.utils.clip_grad_norm_(self.critic_params, self.cfg.max_grad_norm)
         self.critic_opt.step()
         if not policy:

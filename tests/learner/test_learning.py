@@ -31,7 +31,7 @@ from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEven
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, learner_dir, read_json
+from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, learner_dir, read_json
 from tests.fixtures.vllm import VllmService
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -142,7 +142,7 @@ def test_learner_collectors_and_vllm_learn_and_survive_kill_9(
     collect = ["collect", "--run", cfg.run, "--bootstrap-servers", cfg.kafka.bootstrap_servers, "--envs", "8"]
     collect += ["--collector-id", "c0", "--pause-above-policy-lag", "2"]
     member = learner_dir(cfg.run_dir, "0")
-    store = CheckpointStore(member / "checkpoints")
+    store = CheckpointStore(checkpoints_dir(cfg.run_dir))
 
     first = processes.start(learn, env)
     processes.start(collect, env)
