@@ -220,7 +220,7 @@ def test_prometheus_endpoint_shows_ingest_dead_letters_updates_losses_and_lag(
     running.wait_for("lag 0", lambda: value(scrape(address), "distrl_learner_consumer_lag_records") == 0)
     samples = scrape(address)
     running.finish()
-    member = {"run": cfg.run, "role": "learner", "source": cfg.learner.member_id}
+    member = {"run": cfg.run, "role": "learner", "source": "0"}  # a single member is rank 0
     assert value(samples, "distrl_learner_trajectories_total", status="ingested", **member) == 4
     assert value(samples, "distrl_learner_dlq_records_total", **member) == 1
     assert value(samples, "distrl_learner_updates_total") >= 2
