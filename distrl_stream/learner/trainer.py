@@ -221,13 +221,14 @@ class Trainer:
     # -- the update ----------------------------------------------------------------------------------------------
 
     def update(
-        self, algorithm: Algorithm | None = None, *, version: int = 0, contribute: bool = True
+        self, algorithm: Algorithm | None = None, *, version: int, contribute: bool = True
     ) -> dict[str, float] | None:
         """One update of ``algorithm`` (default ``cfg.algorithm``) on a batch from the buffer.
 
         Args:
             algorithm: the update rule.
-            version: the learner's current policy version; the batch's lag statistics are measured from it.
+            version: the learner's current policy version (the learner owns it); the batch's lag statistics are
+                measured from it.
             contribute: False: in a group, take part in the others' update with zero weight (too little data).
 
         Returns:

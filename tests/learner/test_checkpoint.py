@@ -76,17 +76,17 @@ def test_trainer_round_trip_continues_exactly(tiny_model_dir: Path, tmp_path: Pa
     for ev in sim_events(tokenizer, 8, seed=1):
         trainer.buffer.add(episode_from_event(ev))
     for _ in range(2):
-        assert trainer.update() is not None
+        assert trainer.update(version=0) is not None
     trainer.save_adapter(tmp_path / "adapter")
     torch.save(trainer.state_dict(), tmp_path / "trainer.pt")
     (tmp_path / "buffer.json").write_text(json.dumps(trainer.buffer.state_dict()))
-    expected = trainer.update()
+    expected = trainer.update(version=0)
 
     model2, tokenizer2 = load_policy(tiny_model_dir, ModelConfig(), tmp_path / "adapter")
     buffer = ReplayBuffer.from_state_dict(json.loads((tmp_path / "buffer.json").read_text()))
     restored = Trainer(cfg, model2, tokenizer2, buffer)
     restored.load_state_dict(torch.load(tmp_path / "trainer.pt", weights_only=True))
-    got = restored.update()
+    got = restored.update(version=0)
     assert expected is not None and got is not None
     assert restored.updates == trainer.updates == 3
     for key in ("loss_policy", "loss_critic", "entropy", "rho_mean", "sampled_priority_mean"):

@@ -47,7 +47,7 @@ def test_each_algorithm_updates_the_policy(tiny_model_dir: Path, episodes: list[
     assert any(e.success for e in episodes)  # filtered BC needs one
     t = trainer(tiny_model_dir, episodes)
     before = lora_snapshot(t)
-    stats = t.update(algorithm)  # type: ignore[arg-type]
+    stats = t.update(algorithm, version=0)  # type: ignore[arg-type]
     assert stats is not None and all(isinstance(v, float) for v in stats.values())
     assert changed(before, t)
     assert t.updates == 1
@@ -55,7 +55,7 @@ def test_each_algorithm_updates_the_policy(tiny_model_dir: Path, episodes: list[
 
 def test_filtered_bc_waits_for_a_success(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
     t = trainer(tiny_model_dir, [e for e in episodes if not e.success], algorithm="filtered_bc")
-    assert t.update() is None
+    assert t.update(version=0) is None
     assert t.updates == 0
 
 
@@ -63,10 +63,10 @@ def test_critic_warmup_leaves_the_policy_alone(tiny_model_dir: Path, episodes: l
     t = trainer(tiny_model_dir, episodes, critic_warmup_updates=2)
     policy, critic = lora_snapshot(t), [p.detach().clone() for p in t.step_critic.parameters()]
     for _ in range(2):
-        assert t.update() is not None
+        assert t.update(version=0) is not None
     assert not changed(policy, t)
     assert any(not torch.equal(a, b) for a, b in zip(critic, t.step_critic.parameters(), strict=True))
-    t.update()
+    t.update(version=0)
     assert changed(policy, t)
 
 
@@ -80,7 +80,7 @@ def test_an_action_impossible_under_its_candidates_is_removed_not_fatal(
         steps=(dataclasses.replace(bad.steps[0], token_ids=(5, 5, 5, 5)), *bad.steps[1:]),
     )
     t = trainer(tiny_model_dir, [forged], batch_episodes=2, min_buffer_episodes=1)
-    assert t.update() is None
+    assert t.update(version=0) is None
     assert t.rejected == 1 and len(t.buffer) == 0
 
 
