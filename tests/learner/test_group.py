@@ -69,6 +69,14 @@ def _learn_args(cfg: Config) -> list[str]:
     return ["--run", cfg.run, "--bootstrap-servers", cfg.kafka.bootstrap_servers]
 
 
+def last_assignments(log: str) -> dict[str, list[int]]:
+    """The partitions each member was last assigned, from the members' log lines."""
+    last: dict[str, list[int]] = {}
+    for member, parts in re.findall(r"learner (\d) assigned (\[[^\]]*\])", re.sub(r"\s+", " ", log)):
+        last[member] = [p for p, _offset in ast.literal_eval(parts)]
+    return last
+
+
 def produce(cfg: Config, n: int, seed: int) -> None:
     """``n`` episodes spread over every partition (keyed by episode id, as collectors publish)."""
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.base)
@@ -218,17 +226,18 @@ def test_the_launcher_runs_the_members_with_their_own_options_only() -> None:
 
 def test_two_members_train_one_policy_with_one_writer(group_run: Config, processes: Group) -> None:
     cfg = group_run
-    produce(cfg, 16, seed=1)
     agent = processes.start([CLI, "learn", *_learn_args(cfg), "--nproc-per-node", "2", "--max-updates", "6"], _env(cfg))
+    # Data arrives once both members are in the consumer group: fed earlier, the member that joins first could reach
+    # max-updates alone on a slow machine (the other contributing zero-weight batches), and own every partition.
+    processes.wait_for("both members assigned", lambda: set(last_assignments(processes.text())) == {"0", "1"})
+    produce(cfg, 16, seed=1)
     assert agent.wait(240) == 0, processes.text()[-6000:]
 
     text = re.sub(r"\s+", " ", processes.text())  # the summary lines are wrapped to the terminal's width
     hashes = re.findall(r"parameters sha256 ([0-9a-f]{64})", text)
     assert len(hashes) == 2 and hashes[0] == hashes[1], text[-3000:]
     # The last assignment each member logged: every partition has exactly one owner.
-    last: dict[str, list[int]] = {}
-    for member, parts in re.findall(r"learner (\d) assigned (\[[^\]]*\])", text):
-        last[member] = [p for p, _offset in ast.literal_eval(parts)]
+    last = last_assignments(processes.text())
     assert sorted(last) == ["0", "1"]
     assert sorted(last["0"] + last["1"]) == list(range(PARTITIONS))
 
