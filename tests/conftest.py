@@ -5,4 +5,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.kafka",
     "tests.fixtures.registry",
     "tests.fixtures.secured_kafka",
+    "tests.fixtures.processes",
 ]

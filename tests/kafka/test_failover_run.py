@@ -12,15 +12,9 @@ test-cluster`` runs it; ``test_broker_cluster.py`` is the broker-loss test every
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -31,65 +25,11 @@ from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.broker import EmbeddedCluster
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, learner_dir, read_json
+from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, learner_dir, read_json
+from tests.fixtures.processes import CLI, ChildProcesses
 from tests.fixtures.vllm import VllmService
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.cluster, pytest.mark.timeout(1200)]
-
-CLI = str(Path(sys.executable).with_name("distrl-stream"))
-
-
-class Roles:
-    """The role processes; stderr of all goes to one log, each collector's stdout (its --json report) to a file."""
-
-    def __init__(self, folder: Path, env: dict[str, str]) -> None:
-        self.folder, self.env = folder, env
-        self.log = folder / "roles.log"
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, name: str, args: list[str]) -> None:
-        with self.log.open("ab") as err, (self.folder / f"{name}.out").open("wb") as out:
-            self.procs[name] = subprocess.Popen([CLI, *args], env=self.env, stdout=out, stderr=err)
-
-    def wait_for(self, what: str, predicate: Callable[[], bool], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    pytest.fail(f"{name} exited {proc.returncode} waiting for {what}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.tail()}")
-            time.sleep(0.5)
-
-    def stop(self, name: str) -> None:
-        """SIGTERM (a clean stop) and require exit 0."""
-        proc = self.procs.pop(name)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(120) == 0, f"{name} exited {proc.returncode}:\n{self.tail()}"
-
-    def report(self, name: str) -> dict[str, object]:
-        return json.loads((self.folder / f"{name}.out").read_text())
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def kill_all(self) -> None:
-        for proc in self.procs.values():
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture
-def roles(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], Roles]]:
-    made: list[Roles] = []
-
-    def make(env: dict[str, str]) -> Roles:
-        made.append(Roles(tmp_path, env))
-        return made[-1]
-
-    yield make
-    for r in made:
-        r.kill_all()
 
 
 @pytest.fixture
@@ -115,7 +55,7 @@ def test_run_loses_a_broker_and_keeps_every_episode_exactly_once(
     kafka_cluster: EmbeddedCluster,
     cluster_run: tuple[Config, WeightWatcher],
     vllm_server: VllmService,
-    roles: Callable[[dict[str, str]], Roles],
+    processes: ChildProcesses,
 ) -> None:
     cfg, watcher = cluster_run
     topics = TopicNames(cfg.run)
@@ -134,12 +74,14 @@ def test_run_loses_a_broker_and_keeps_every_episode_exactly_once(
         "DISTRL_LEARNER__DROP_ABOVE_POLICY_LAG": "1000",  # every episode counts as ingested for the audit
         "DISTRL_COLLECTOR__VERSION_REFRESH_S": "0.5",
     }
-    run = roles(env)
+    run = processes
     bootstrap = ["--run", cfg.run, "--bootstrap-servers", cfg.kafka.bootstrap_servers]
-    run.start("learner", ["learn", *bootstrap, "--model", str(cfg.model.base), "--threads", "1"])
-    for c in ("c0", "c1"):
-        run.start(c, ["collect", *bootstrap, "--envs", "4", "--collector-id", c, "--json"])
-    store = CheckpointStore(learner_dir(cfg.run_dir, "0") / "checkpoints")
+    learner = run.start([CLI, "learn", *bootstrap, "--model", str(cfg.model.base), "--threads", "1"], env)
+    collectors = {
+        c: run.start([CLI, "collect", *bootstrap, "--envs", "4", "--collector-id", c, "--json"], env, report=c)
+        for c in ("c0", "c1")
+    }
+    store = CheckpointStore(checkpoints_dir(cfg.run_dir))
 
     def updates() -> int:
         latest = store.latest()
@@ -154,8 +96,8 @@ def test_run_loses_a_broker_and_keeps_every_episode_exactly_once(
     victim.start()
     run.wait_for("a version after the restart served", lambda: watcher.newest_version >= version_at_kill + 2, 300)
 
-    for c in ("c0", "c1"):
-        run.stop(c)
+    for c, collector in collectors.items():
+        assert run.stop(collector) == 0, f"{c}:\n{run.tail()}"
     ends = {p.partition: p.high for p in admin.describe_topic(topics.trajectories).partitions}
 
     def caught_up() -> bool:
@@ -164,7 +106,7 @@ def test_run_loses_a_broker_and_keeps_every_episode_exactly_once(
         return all(offsets.get(str(p), 0) >= end for p, end in ends.items())
 
     run.wait_for("the learner to checkpoint past every trajectory", caught_up, 300)
-    run.stop("learner")
+    assert run.stop(learner) == 0, run.tail()
     final = read_json(store.latest() / "state.json")  # type: ignore[operator]
 
     reports = {c: run.report(c) for c in ("c0", "c1")}

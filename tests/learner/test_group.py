@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,9 +33,9 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, member_logs, read_json
 from distrl_stream.learner.group import AGENT_ENV, MemberLock, Membership, launch_command
 from distrl_stream.learner.group import Group as ProcessGroup
+from tests.fixtures.processes import CLI, ChildProcesses
 from tests.learner.simdata import sim_events
 
-CLI = str(Path(sys.executable).with_name("distrl-stream"))
 PARTITIONS = 4
 
 
@@ -84,55 +84,6 @@ def produce(cfg: Config, n: int, seed: int) -> None:
         for event in sim_events(tokenizer, n, seed=seed, run=cfg.run):
             producer.produce(TopicNames(cfg.run).trajectories, encode(event), key=event.episode_id.encode())
         producer.flush()
-
-
-class Group:
-    """Child processes (agents of learner groups, or single learners) whose output goes to one log file."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as out:
-            # A session of its own: the test can signal an agent and its members together.
-            proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        return proc
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def wait_for(self, what: str, predicate: Callable[[], bool], timeout_s: float = 300.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.text()[-6000:]}")
-            time.sleep(0.5)
-
-    def stop(self, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> int:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        return proc.wait(timeout_s)
-
-    def stop_all(self) -> None:
-        # SIGTERM first: an agent stops its members (they run in sessions of their own, out of reach of killpg).
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(180)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Group]:
-    group = Group(tmp_path / "processes.log")
-    yield group
-    group.stop_all()
 
 
 def latest_state(cfg: Config) -> dict | None:
@@ -224,9 +175,11 @@ def test_the_launcher_runs_the_members_with_their_own_options_only() -> None:
     assert command[-6:] == ["--", "learn", "--run", "r", "--threads", "1"]
 
 
-def test_two_members_train_one_policy_with_one_writer(group_run: Config, processes: Group) -> None:
+def test_two_members_train_one_policy_with_one_writer(group_run: Config, processes: ChildProcesses) -> None:
     cfg = group_run
-    agent = processes.start([CLI, "learn", *_learn_args(cfg), "--nproc-per-node", "2", "--max-updates", "6"], _env(cfg))
+    agent = processes.start(
+        [CLI, "learn", *_learn_args(cfg), "--nproc-per-node", "2", "--max-updates", "6"], _env(cfg), new_session=True
+    )
     # Data arrives once both members are in the consumer group: fed earlier, the member that joins first could reach
     # max-updates alone on a slow machine (the other contributing zero-weight batches), and own every partition.
     processes.wait_for("both members assigned", lambda: set(last_assignments(processes.text())) == {"0", "1"})
@@ -251,12 +204,12 @@ def test_two_members_train_one_policy_with_one_writer(group_run: Config, process
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
 def test_kill_9_of_a_member_restarts_the_group_with_nothing_lost_or_repeated(
-    group_run: Config, processes: Group
+    group_run: Config, processes: ChildProcesses
 ) -> None:
     cfg = group_run
     produce(cfg, 12, seed=2)
     args = [CLI, "learn", *_learn_args(cfg), "--nproc-per-node", "2", "--max-restarts", "2"]
-    agent = processes.start(args, _env(cfg))
+    agent = processes.start(args, _env(cfg), new_session=True)
     processes.wait_for("a checkpoint at update 4", updates_at_least(cfg, 4))
     os.kill(member_pid(cfg, "1"), signal.SIGKILL)
     killed_at = time.monotonic()
@@ -275,7 +228,7 @@ def test_kill_9_of_a_member_restarts_the_group_with_nothing_lost_or_repeated(
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
 def test_a_member_joining_a_running_group_rebalances_with_nothing_lost_or_repeated(
-    group_run: Config, processes: Group
+    group_run: Config, processes: ChildProcesses
 ) -> None:
     cfg = group_run
     produce(cfg, 12, seed=4)
@@ -296,9 +249,9 @@ def test_a_member_joining_a_running_group_rebalances_with_nothing_lost_or_repeat
         return [sys.executable, "-m", "torch.distributed.run", *agent]
 
     env = {**_env(cfg), **AGENT_ENV}
-    first = processes.start(node(), env)
+    first = processes.start(node(), env, new_session=True)
     processes.wait_for("a checkpoint at update 4", updates_at_least(cfg, 4))
-    second = processes.start(node(), env)
+    second = processes.start(node(), env, new_session=True)
     processes.wait_for("a group of two", lambda: (latest_state(cfg) or {}).get("members") == 2)
     produce(cfg, 8, seed=5)
     before = latest_state(cfg)["updates"]  # type: ignore[index]
@@ -316,10 +269,10 @@ def test_a_member_joining_a_running_group_rebalances_with_nothing_lost_or_repeat
 
 @pytest.mark.kafka
 @pytest.mark.timeout(900)
-def test_a_second_process_with_a_live_members_id_is_refused(group_run: Config, processes: Group) -> None:
+def test_a_second_process_with_a_live_members_id_is_refused(group_run: Config, processes: ChildProcesses) -> None:
     cfg = group_run
     produce(cfg, 4, seed=6)
-    first = processes.start([CLI, "learn", *_learn_args(cfg)], _env(cfg))
+    first = processes.start([CLI, "learn", *_learn_args(cfg)], _env(cfg), new_session=True)
     processes.wait_for("member 0 running", updates_at_least(cfg, 2))
     second = subprocess.run([CLI, "learn", *_learn_args(cfg)], env=_env(cfg), capture_output=True, text=True)
     assert second.returncode != 0

@@ -16,12 +16,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -32,11 +28,11 @@ from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, learner_dir, read_json
+from tests.fixtures.processes import CLI, ChildProcesses
 from tests.fixtures.vllm import VllmService
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(1200)]
 
-CLI = str(Path(sys.executable).with_name("distrl-stream"))
 TEMPLATES = '["alarm_on"]'
 HELD_OUT = 40
 TRAIN_UPDATES = 150  # total learner updates, across the kill and the restart
@@ -67,51 +63,6 @@ def _env(cfg: Config, vllm: VllmService) -> dict[str, str]:
     }
 
 
-class Processes:
-    """Child processes of the test, all stopped at the end; their output goes to one log file."""
-
-    def __init__(self, log: Path) -> None:
-        self.log = log
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as out:
-            proc = subprocess.Popen([CLI, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append(proc)
-        return proc
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-4000:]
-
-    def wait_for(self, what: str, predicate: Callable[[], bool], timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not predicate():
-            for proc in self.procs:
-                if proc.poll() not in (None, 0, -signal.SIGKILL):
-                    pytest.fail(f"{proc.args[1]} exited {proc.returncode} waiting for {what}:\n{self.tail()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout_s:.0f}s waiting for {what}:\n{self.tail()}")
-            time.sleep(0.5)
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-@pytest.fixture
-def processes(tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(tmp_path / "processes.log")
-    yield procs
-    procs.stop_all()
-
-
 @pytest.fixture
 def served_run(make_config: Callable[..., Config], vllm_server: VllmService) -> Iterator[tuple[Config, WeightWatcher]]:
     cfg = make_config(
@@ -130,7 +81,7 @@ def served_run(make_config: Callable[..., Config], vllm_server: VllmService) -> 
 
 
 def test_learner_collectors_and_vllm_learn_and_survive_kill_9(
-    served_run: tuple[Config, WeightWatcher], vllm_server: VllmService, processes: Processes
+    served_run: tuple[Config, WeightWatcher], vllm_server: VllmService, processes: ChildProcesses
 ) -> None:
     cfg, watcher = served_run
     tasks = held_out_tasks(cfg, HELD_OUT)
@@ -144,14 +95,13 @@ def test_learner_collectors_and_vllm_learn_and_survive_kill_9(
     member = learner_dir(cfg.run_dir, "0")
     store = CheckpointStore(checkpoints_dir(cfg.run_dir))
 
-    first = processes.start(learn, env)
-    processes.start(collect, env)
+    first = processes.start([CLI, *learn], env)
+    processes.start([CLI, *collect], env)
     processes.wait_for(f"version {KILL_AT_VERSION}", lambda: watcher.newest_version >= KILL_AT_VERSION, 300)
-    first.kill()  # SIGKILL: no final checkpoint
-    first.wait()
+    processes.kill(first)  # no final checkpoint
     killed_at = read_json(store.latest() / "state.json")  # type: ignore[operator]
 
-    second = processes.start(learn, env)
+    second = processes.start([CLI, *learn], env)
 
     def trained() -> bool:
         latest = store.latest()
