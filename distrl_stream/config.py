@@ -628,6 +628,15 @@ class Config(BaseSettings):
 _TOML_FILE: ContextVar[Path | None] = ContextVar("distrl_toml_file", default=None)
 
 
+def sync_round_episodes(collector: CollectorConfig, collectors: int) -> int:
+    """The learner's ``round_episodes`` that pairs with ``collectors`` processes of this collector section.
+
+    Synchronous collectors run rounds of one episode per env, so the learner's round is every env's episode (DigiRL's
+    multi-machine scheme); asynchronous collectors pair with an asynchronous learner (0).
+    """
+    return collector.envs * collectors if collector.mode == "sync" else 0
+
+
 def load_config(path: Path | None = None, **overrides: Any) -> Config:
     """Build the effective configuration, raising :class:`ConfigError` with one line naming the bad field.
 

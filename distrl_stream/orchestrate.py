@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from distrl_stream.config import Config
+from distrl_stream.config import Config, sync_round_episodes
 from distrl_stream.errors import DistrlError, UpError
 from distrl_stream.events import MetricEvent, decode
 from distrl_stream.inference.client import served_name
@@ -195,7 +195,9 @@ class LocalStack:
         wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s, self.cfg.inference.api_key)
         stage("vLLM server", "done")
         stage("learner", "start")
-        self.learner = self._spawn("learner", ["learn"], self._metrics_env("learner", "LEARNER"))
+        self.learner = self._spawn(
+            "learner", ["learn"], {**self.learner_env(), **self._metrics_env("learner", "LEARNER")}
+        )
         stage("learner", "done")
         stage(f"{self.options.collectors} collectors", "start")
         for i in range(self.options.collectors):
@@ -226,6 +228,16 @@ class LocalStack:
 
     def _model_dir(self) -> Path:
         return resolve_model_dir(self.cfg)
+
+    def learner_env(self) -> dict[str, str]:
+        """The learner's own ``DISTRL_*`` variables: round mode when the collectors are synchronous.
+
+        A learner round given explicitly (``learner.round_episodes``) is kept; otherwise sync collectors get a learner
+        that updates once per complete round of every env's episode, as the learning benchmark's sync method does.
+        """
+        if self.cfg.learner.round_episodes or self.cfg.collector.mode != "sync":
+            return {}
+        return {"DISTRL_LEARNER__ROUND_EPISODES": str(sync_round_episodes(self.cfg.collector, self.options.collectors))}
 
     def _metrics_env(self, name: str, section: str) -> dict[str, str]:
         """When ``up`` serves metrics: a free port for child ``name``, as its ``DISTRL_<SECTION>__METRICS_PORT``."""

@@ -133,3 +133,11 @@ def test_the_dashboard_footer_lists_processes_and_time_left(tmp_path: Path) -> N
     text = out.getvalue()
     assert "learner" in text and "exited 0" in text and str(stack.learner.log_path) in text
     assert re.search(r"up for 3\d s, 9\d s left", text)
+
+
+def test_sync_collectors_get_a_round_mode_learner_of_one_episode_per_env(tmp_path: Path) -> None:
+    sync = load_config(None, data_dir=tmp_path, collector={"mode": "sync", "envs": 3})
+    assert LocalStack(sync, UpOptions(collectors=2)).learner_env() == {"DISTRL_LEARNER__ROUND_EPISODES": "6"}
+    explicit = load_config(None, data_dir=tmp_path, collector={"mode": "sync"}, learner={"round_episodes": 5})
+    assert LocalStack(explicit, UpOptions()).learner_env() == {}  # the user's round wins (the child reads it too)
+    assert LocalStack(load_config(None, data_dir=tmp_path), UpOptions()).learner_env() == {}
