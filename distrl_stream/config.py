@@ -437,6 +437,15 @@ class EnvConfig(Section):
     pool_size: int = Field(
         2000, ge=1, description="Tasks per split in the task pool (sim: over the templates; miniwob: seeds per task)."
     )
+    task_sampler: Literal["uniform", "curriculum"] = Field(
+        "uniform",
+        description="How collectors draw train tasks: uniformly, or DigiRL's curriculum (templates weighted by "
+        "p(1 − p) of their recent success p, so most episodes are at the edge of the policy's ability; "
+        "envs.tasks.CurriculumSampler). The test split is always uniform. Source: DigiRL (curriculum), ours (weight).",
+    )
+    curriculum_window: int = Field(
+        20, ge=1, description="Curriculum: recent episodes per template its success rate is measured on. Source: ours."
+    )
     latency: Literal["none", "lognormal"] = Field(
         "none", description="Sim step-latency model: none (tests) or log-normal with a per-task scale (benchmarks)."
     )

@@ -36,7 +36,7 @@ from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.seeding import stable_int
-from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
+from distrl_stream.envs.tasks import TaskSampler, make_sampler
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import MetricEvent, Step, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import InferenceClient
@@ -114,8 +114,9 @@ class Collector:
 
     Args:
         cfg: the configuration (sections ``collector``, ``env``, ``inference``, ``kafka``, ``model``, ``run``).
-        sampler: where tasks come from; default uniform over ``task_pool(cfg.env, collector.split)``, seeded by
-            ``env.seed`` and the collector id (collectors sharing a run draw different sequences).
+        sampler: where tasks come from; default ``make_sampler(cfg.env, collector.split)`` (uniform, or the
+            curriculum of ``env.task_sampler``), seeded by ``env.seed`` and the collector id (collectors sharing a
+            run draw different sequences).
         env_factory: makes one environment per slot (and a fresh one after an environment error); default
             ``make_env(cfg.env)``.
     """
@@ -201,8 +202,8 @@ class Collector:
             self._published = PublishedVersions(self.cfg, self._producer, f"collector-{self.collector_id}-weights")
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
         if self._sampler is None:
-            tasks = await asyncio.to_thread(task_pool, self.cfg.env, settings.split)
-            self._sampler = UniformSampler(tasks, seed=stable_int(f"{self.cfg.env.seed}:{self.collector_id}"))
+            seed = stable_int(f"{self.cfg.env.seed}:{self.collector_id}")
+            self._sampler = await asyncio.to_thread(make_sampler, self.cfg.env, settings.split, seed=seed)
         log.info(
             "collector %s: %d %s envs, %s mode, %s actions from %s, run %s",
             self.collector_id,
