@@ -540,6 +540,15 @@ class CollectorConfig(Section):
         description="Pause new episodes while the served version is more than this many versions behind the "
         "learner's newest published version (read from {run}.weights). None: never pause.",
     )
+    samples_per_insert: float | None = Field(
+        None,
+        gt=0.0,
+        description="Rate limit (async mode), as Reverb's samples-per-insert: start new episodes only while the "
+        "episodes on {run}.trajectories stay within learner_step × learner.batch_episodes / samples_per_insert of "
+        "the learner's newest version, plus learner.min_buffer_episodes and one version's worth "
+        "(collector.ratelimit). Collection then never runs ahead of what the learner can use, which on shared cores "
+        "leaves it the CPU. None: no limit. Source: ours (Reverb's SampleToInsertRatio).",
+    )
     version_refresh_s: float = Field(
         1.0, gt=0.0, description="How often a paused or waiting collector re-reads the served and published versions."
     )
