@@ -359,7 +359,9 @@ class LocalStack:
             stage("learner (final checkpoint)", "start")
             codes[self.learner.name] = self.learner.stop(self.options.learner_stop_s)
             stage("learner (final checkpoint)", "done")
-        if self.options.eval_tasks and "end" not in self.held_out and self.server is not None and self.server.running():
+        # Only a run that got going has a last version to measure (not a start that failed half-way).
+        running = self.started_at is not None and self.server is not None and self.server.running()
+        if self.options.eval_tasks and "end" not in self.held_out and running:
             stage(f"held-out success of the last version ({self.options.eval_tasks} test tasks)", "start")
             self._evaluate("end")
             stage(f"held-out success of the last version ({self.options.eval_tasks} test tasks)", "done")
