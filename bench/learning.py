@@ -58,7 +58,7 @@ from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
-from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
+from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config, sync_round_episodes
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.events import WeightVersionEvent, decode, epoch_ms
@@ -202,7 +202,6 @@ def train(
         "learner": {
             **base["learner"],
             "algorithm": spec["algorithm"],
-            "round_episodes": envs if spec["mode"] == "sync" else 0,
         },
         "collector": {
             "envs": envs,
@@ -213,6 +212,8 @@ def train(
             "metrics_interval_s": 5.0,
         },
     }
+    # One collector process: the same pairing `up --mode sync` makes for its collectors.
+    sections["learner"]["round_episodes"] = sync_round_episodes(load_config(None, **sections).collector, 1)
     cfg = load_config(None, **sections)
     ensure_run_topics(cfg)
     watcher = WeightWatcher(cfg, server_url=server_url, catch_up_timeout_s=30.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,7 +90,16 @@ def up(
     }
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
     from distrl_stream.cli.up_ui import run_up  # process management and Kafka: not for --help
-    from distrl_stream.orchestrate import UpOptions
+    from distrl_stream.orchestrate import UP_EVAL_TASKS, UpOptions, up_profile
+
+    profile = up_profile(cfg)
+    if profile:
+        # Passed on like flags, so every child (and the evaluation) sees the same values.
+        for section, values in profile.items():
+            flags[section] = {**flags.get(section, {}), **values}
+        cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
+        shown = ", ".join(f"{section}.{k}={v}" for section, values in profile.items() for k, v in values.items())
+        typer.echo(f"up's 2-core profile (set any of these to override): {shown}")
 
     external = cfg.kafka.bootstrap_servers != KafkaConfig.model_fields["bootstrap_servers"].default
     options = UpOptions(
@@ -101,6 +111,7 @@ def up(
         startup_timeout_s=cfg.inference.startup_timeout_s + 60.0,
         collector_stop_s=cfg.collector.shutdown_grace_s + cfg.collector.flush_timeout_s + 15.0,
         metrics_port=metrics_port,
+        eval_tasks=UP_EVAL_TASKS,
     )
     summary = run_up(cfg, options, _environment(flags), duration_s=duration or None, monitor=monitor, report=report)
     typer.echo(_summary_text(summary, keep_broker=keep_broker, external=external))
@@ -117,9 +128,17 @@ def _environment(flags: dict[str, Any], prefix: str = "DISTRL_") -> dict[str, st
             out.update(_environment(value, name + "__"))
         elif isinstance(value, Path):
             out[name] = str(value.resolve())
+        elif isinstance(value, list | bool):
+            out[name] = json.dumps(value)  # pydantic-settings reads complex values from the environment as JSON
         elif value is not None:
             out[name] = str(value)
     return out
+
+
+def _held_out(result: dict[str, float] | None) -> str:
+    if result is None:
+        return "not measured"
+    return f"{100 * result['success']:.1f}% (v{int(result['version'])}, {int(result['tasks'])} test tasks)"
 
 
 def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
@@ -129,6 +148,7 @@ def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
         f"  trajectories: {s.episodes} (success {100 * s.success_rate:.1f}%, {s.trajectories_per_min:.1f}/min)",
         f"  weight versions: {s.versions_published} published, {len(s.versions_served)} served ({served})",
         f"  learner updates: {'-' if s.learner_updates is None else s.learner_updates}",
+        f"  held-out success: {_held_out(s.held_out_start)} before training, {_held_out(s.held_out_end)} at the end",
         f"  dead letters: {s.dead_letters}",
         f"  data: {s.data_dir} (run files {s.run_dir}, logs {s.logs_dir}"
         + (f", broker {s.broker_dir})" if s.broker_dir else ")"),

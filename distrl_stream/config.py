@@ -437,6 +437,15 @@ class EnvConfig(Section):
     pool_size: int = Field(
         2000, ge=1, description="Tasks per split in the task pool (sim: over the templates; miniwob: seeds per task)."
     )
+    task_sampler: Literal["uniform", "curriculum"] = Field(
+        "uniform",
+        description="How collectors draw train tasks: uniformly, or DigiRL's curriculum (templates weighted by "
+        "p(1 − p) of their recent success p, so most episodes are at the edge of the policy's ability; "
+        "envs.tasks.CurriculumSampler). The test split is always uniform. Source: DigiRL (curriculum), ours (weight).",
+    )
+    curriculum_window: int = Field(
+        20, ge=1, description="Curriculum: recent episodes per template its success rate is measured on. Source: ours."
+    )
     latency: Literal["none", "lognormal"] = Field(
         "none", description="Sim step-latency model: none (tests) or log-normal with a per-task scale (benchmarks)."
     )
@@ -530,6 +539,15 @@ class CollectorConfig(Section):
         ge=0,
         description="Pause new episodes while the served version is more than this many versions behind the "
         "learner's newest published version (read from {run}.weights). None: never pause.",
+    )
+    samples_per_insert: float | None = Field(
+        None,
+        gt=0.0,
+        description="Rate limit (async mode), as Reverb's samples-per-insert: start new episodes only while the "
+        "episodes on {run}.trajectories stay within learner_step × learner.batch_episodes / samples_per_insert of "
+        "the learner's newest version, plus learner.min_buffer_episodes and one version's worth "
+        "(collector.ratelimit). Collection then never runs ahead of what the learner can use, which on shared cores "
+        "leaves it the CPU. None: no limit. Source: ours (Reverb's SampleToInsertRatio).",
     )
     version_refresh_s: float = Field(
         1.0, gt=0.0, description="How often a paused or waiting collector re-reads the served and published versions."
@@ -626,6 +644,15 @@ class Config(BaseSettings):
 
 # The TOML path of the load in progress: pydantic-settings takes its sources from the class, not the call.
 _TOML_FILE: ContextVar[Path | None] = ContextVar("distrl_toml_file", default=None)
+
+
+def sync_round_episodes(collector: CollectorConfig, collectors: int) -> int:
+    """The learner's ``round_episodes`` that pairs with ``collectors`` processes of this collector section.
+
+    Synchronous collectors run rounds of one episode per env, so the learner's round is every env's episode (DigiRL's
+    multi-machine scheme); asynchronous collectors pair with an asynchronous learner (0).
+    """
+    return collector.envs * collectors if collector.mode == "sync" else 0
 
 
 def load_config(path: Path | None = None, **overrides: Any) -> Config:

@@ -20,6 +20,7 @@ Environment beats the file, so ``up``'s flags win over the file, as flags do eve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -29,8 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from distrl_stream.config import Config
+from distrl_stream.config import Config, sync_round_episodes
 from distrl_stream.errors import DistrlError, UpError
 from distrl_stream.events import MetricEvent, decode
 from distrl_stream.inference.client import served_name
@@ -47,6 +49,44 @@ log = logging.getLogger(__name__)
 # The port clients assume by default (kafka.bootstrap_servers = 127.0.0.1:9092): `up` takes it when it is free, so
 # `monitor`, `replay` and `topics` find the broker afterwards without any flag.
 DEFAULT_BROKER_PORT = 9092
+
+
+# What `up` changes from the library defaults when the user left a field at its default (file, environment and flags
+# all win): a tiny model learning on a 2-core machine within minutes. The library defaults are the paper's and the
+# authors' (docs/learner.md); these are ours, measured with `make demo` (docs/cli.md).
+UP_PROFILE: dict[str, dict[str, Any]] = {
+    # Three 2-step templates the tiny model tells apart (the learning benchmark's), instead of all sixteen.
+    "env": {"templates": ["take_photo", "turn_on_setting", "alarm_on"]},
+    # 2 collectors × 4 envs, never more than two samples' worth of episodes ahead of the learner (collector.ratelimit):
+    # collection otherwise takes the CPU the learner needs.
+    "collector": {"envs": 4, "samples_per_insert": 2.0},
+    # The CPU/tiny-model profile of docs/learner.md: larger steps, a critic warm-up and batch-centred advantages;
+    # a version every 5 updates so the served policy visibly moves; one torch thread, the other core for vLLM.
+    "learner": {
+        "policy_lr": 1e-3,
+        "critic_lr": 1e-3,
+        "critic_warmup_updates": 10,
+        "advantage_centering": True,
+        "updates_per_version": 5,
+        "threads": 1,
+    },
+}
+# Held-out test-split tasks `up` evaluates at the start (the untrained policy) and at the end (the last version).
+UP_EVAL_TASKS = 40
+
+
+def up_profile(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The entries of :data:`UP_PROFILE` whose fields ``cfg`` leaves at their library defaults."""
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in UP_PROFILE.items():
+        current = getattr(cfg, section)
+        fields = type(current).model_fields
+        kept = {
+            k: v for k, v in values.items() if getattr(current, k) == fields[k].get_default(call_default_factory=True)
+        }
+        if kept:
+            out[section] = kept
+    return out
 
 
 # Reports progress of a slow start: (stage, state) with state "start" | "done".
@@ -68,6 +108,8 @@ class UpOptions:
         metrics_port: ``up``'s own Prometheus port (0: a free one). When set, every child also serves its metrics,
             each on a free port of its own (a fixed port could not be shared by N collectors); None: no metrics
             from ``up`` (the children then follow their own ``metrics_port`` fields).
+        eval_tasks: held-out test-split tasks to evaluate the served policy on, once the server is up (before the
+            learner starts) and once the learner has stopped (before the server does); 0: no evaluation.
     """
 
     collectors: int = 2
@@ -78,6 +120,7 @@ class UpOptions:
     collector_stop_s: float = 60.0
     learner_stop_s: float = 180.0
     metrics_port: int | None = None
+    eval_tasks: int = 0
 
 
 @dataclass
@@ -101,6 +144,8 @@ class UpSummary:
     broker_dir: str | None = None
     logs_dir: str = ""
     report_dir: str | None = None
+    held_out_start: dict[str, float] | None = None  # {"version", "success", "tasks"} before the learner started
+    held_out_end: dict[str, float] | None = None  # the same for the last version served, after the learner stopped
 
     @property
     def success_rate(self) -> float:
@@ -133,6 +178,7 @@ class LocalStack:
         self.collectors: list[ChildProcess] = []
         self.server_url = ""
         self.started_at: float | None = None
+        self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> {"version", "success", "tasks"}
         self._broker_was_running = False
         self._kafka_ready = False
         # Process name -> host:port of its Prometheus endpoint (empty unless options.metrics_port is set).
@@ -194,8 +240,14 @@ class LocalStack:
         base_model = served_name(self.cfg.model.policy_id, 0)
         wait_ready(self.server_url, base_model, self.server, self.options.startup_timeout_s, self.cfg.inference.api_key)
         stage("vLLM server", "done")
+        if self.options.eval_tasks:
+            stage(f"held-out success before training ({self.options.eval_tasks} test tasks)", "start")
+            self._evaluate("start")
+            stage(f"held-out success before training ({self.options.eval_tasks} test tasks)", "done")
         stage("learner", "start")
-        self.learner = self._spawn("learner", ["learn"], self._metrics_env("learner", "LEARNER"))
+        self.learner = self._spawn(
+            "learner", ["learn"], {**self.learner_env(), **self._metrics_env("learner", "LEARNER")}
+        )
         stage("learner", "done")
         stage(f"{self.options.collectors} collectors", "start")
         for i in range(self.options.collectors):
@@ -206,6 +258,20 @@ class LocalStack:
         stage(f"{self.options.collectors} collectors", "done")
         if self.metrics_targets:
             self._write_scrape_targets()
+
+    def _evaluate(self, when: str) -> None:
+        """Held-out success of the newest version the server serves now, kept in :attr:`held_out` (a failure is
+        logged: it must not stop the run nor its ordered shutdown)."""
+        from distrl_stream.collector.evaluation import evaluate, held_out_tasks
+
+        tasks = held_out_tasks(self.cfg, self.options.eval_tasks)
+        try:
+            result = asyncio.run(evaluate(self.cfg, tasks, concurrency=8, base_url=self.server_url))
+        except DistrlError as exc:
+            log.warning("held-out evaluation (%s) failed: %s", when, exc)
+            return
+        self.held_out[when] = {"version": result.version, "success": result.success_rate, "tasks": result.episodes}
+        log.info("held-out success (%s): version %d, %.2f", when, result.version, result.success_rate)
 
     def _start_broker(self) -> None:
         b = self.cfg.broker
@@ -226,6 +292,16 @@ class LocalStack:
 
     def _model_dir(self) -> Path:
         return resolve_model_dir(self.cfg)
+
+    def learner_env(self) -> dict[str, str]:
+        """The learner's own ``DISTRL_*`` variables: round mode when the collectors are synchronous.
+
+        A learner round given explicitly (``learner.round_episodes``) is kept; otherwise sync collectors get a learner
+        that updates once per complete round of every env's episode, as the learning benchmark's sync method does.
+        """
+        if self.cfg.learner.round_episodes or self.cfg.collector.mode != "sync":
+            return {}
+        return {"DISTRL_LEARNER__ROUND_EPISODES": str(sync_round_episodes(self.cfg.collector, self.options.collectors))}
 
     def _metrics_env(self, name: str, section: str) -> dict[str, str]:
         """When ``up`` serves metrics: a free port for child ``name``, as its ``DISTRL_<SECTION>__METRICS_PORT``."""
@@ -279,14 +355,20 @@ class LocalStack:
             for c in self.collectors:
                 codes[c.name] = c.stop(self.options.collector_stop_s)
             stage("collectors", "done")
-        for child, timeout, label in (
-            (self.learner, self.options.learner_stop_s, "learner (final checkpoint)"),
-            (self.server, self.cfg.inference.stop_timeout_s + 15.0, "vLLM server"),
-        ):
-            if child is not None:
-                stage(label, "start")
-                codes[child.name] = child.stop(timeout)
-                stage(label, "done")
+        if self.learner is not None:
+            stage("learner (final checkpoint)", "start")
+            codes[self.learner.name] = self.learner.stop(self.options.learner_stop_s)
+            stage("learner (final checkpoint)", "done")
+        # Only a run that got going has a last version to measure (not a start that failed half-way).
+        running = self.started_at is not None and self.server is not None and self.server.running()
+        if self.options.eval_tasks and "end" not in self.held_out and running:
+            stage(f"held-out success of the last version ({self.options.eval_tasks} test tasks)", "start")
+            self._evaluate("end")
+            stage(f"held-out success of the last version ({self.options.eval_tasks} test tasks)", "done")
+        if self.server is not None:
+            stage("vLLM server", "start")
+            codes[self.server.name] = self.server.stop(self.cfg.inference.stop_timeout_s + 15.0)
+            stage("vLLM server", "done")
         self.prometheus.close()
         return codes
 
@@ -327,6 +409,8 @@ class LocalStack:
             run_dir=str(cfg.run_dir.resolve()),
             broker_dir=str(self.broker.run_dir) if self.broker is not None else None,
             logs_dir=str(self.logs_dir.resolve()),
+            held_out_start=self.held_out.get("start"),
+            held_out_end=self.held_out.get("end"),
         )
         try:
             if not self._kafka_ready:

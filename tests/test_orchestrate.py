@@ -17,7 +17,7 @@ from rich.console import Console
 
 from distrl_stream.cli.up_ui import process_table
 from distrl_stream.config import load_config
-from distrl_stream.orchestrate import LocalStack, UpOptions
+from distrl_stream.orchestrate import LocalStack, UpOptions, up_profile
 from distrl_stream.processes import ChildProcess, descendants
 
 # A child that starts a grandchild in a session of its own (as `serve` does with vLLM), prints its pid, and waits.
@@ -133,3 +133,19 @@ def test_the_dashboard_footer_lists_processes_and_time_left(tmp_path: Path) -> N
     text = out.getvalue()
     assert "learner" in text and "exited 0" in text and str(stack.learner.log_path) in text
     assert re.search(r"up for 3\d s, 9\d s left", text)
+
+
+def test_sync_collectors_get_a_round_mode_learner_of_one_episode_per_env(tmp_path: Path) -> None:
+    sync = load_config(None, data_dir=tmp_path, collector={"mode": "sync", "envs": 3})
+    assert LocalStack(sync, UpOptions(collectors=2)).learner_env() == {"DISTRL_LEARNER__ROUND_EPISODES": "6"}
+    explicit = load_config(None, data_dir=tmp_path, collector={"mode": "sync"}, learner={"round_episodes": 5})
+    assert LocalStack(explicit, UpOptions()).learner_env() == {}  # the user's round wins (the child reads it too)
+    assert LocalStack(load_config(None, data_dir=tmp_path), UpOptions()).learner_env() == {}
+
+
+def test_up_profile_fills_only_the_fields_left_at_their_defaults(tmp_path: Path) -> None:
+    cfg = load_config(None, data_dir=tmp_path, learner={"updates_per_version": 7}, env={"templates": ["set_alarm"]})
+    profile = up_profile(cfg)
+    assert "updates_per_version" not in profile["learner"] and profile["learner"]["threads"] == 1
+    assert "env" not in profile  # the user's templates stay
+    assert profile["collector"] == {"envs": 4, "samples_per_insert": 2.0}

@@ -31,12 +31,13 @@ from dataclasses import dataclass
 
 from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
 from distrl_stream.collector.published import PublishedVersions
+from distrl_stream.collector.ratelimit import InsertLimiter
 from distrl_stream.collector.stats import CollectorStats
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.seeding import stable_int
-from distrl_stream.envs.tasks import TaskSampler, UniformSampler, task_pool
+from distrl_stream.envs.tasks import TaskSampler, make_sampler
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import MetricEvent, Step, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import InferenceClient
@@ -114,8 +115,9 @@ class Collector:
 
     Args:
         cfg: the configuration (sections ``collector``, ``env``, ``inference``, ``kafka``, ``model``, ``run``).
-        sampler: where tasks come from; default uniform over ``task_pool(cfg.env, collector.split)``, seeded by
-            ``env.seed`` and the collector id (collectors sharing a run draw different sequences).
+        sampler: where tasks come from; default ``make_sampler(cfg.env, collector.split)`` (uniform, or the
+            curriculum of ``env.task_sampler``), seeded by ``env.seed`` and the collector id (collectors sharing a
+            run draw different sequences).
         env_factory: makes one environment per slot (and a fresh one after an environment error); default
             ``make_env(cfg.env)``.
     """
@@ -146,6 +148,8 @@ class Collector:
         self._producer: Producer | None = None
         self._client: InferenceClient | None = None
         self._published: PublishedVersions | None = None
+        self._limiter: InsertLimiter | None = None
+        self._limit_checked_at = -math.inf
         self.prometheus = CollectorMetrics(
             cfg.run,
             self.collector_id,
@@ -197,12 +201,15 @@ class Collector:
             # Pinned: the version changes only between rounds, when the collector refreshes it itself.
             inference = inference.model_copy(update={"version_poll_s": math.inf})
         self._client = InferenceClient(inference, self.cfg.model.policy_id)
-        if settings.pause_above_policy_lag is not None:
+        limited = settings.samples_per_insert is not None and settings.mode == "async"
+        if settings.pause_above_policy_lag is not None or limited:
             self._published = PublishedVersions(self.cfg, self._producer, f"collector-{self.collector_id}-weights")
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
+        if limited:
+            self._limiter = InsertLimiter(self.cfg, f"collector-{self.collector_id}-inserts")
         if self._sampler is None:
-            tasks = await asyncio.to_thread(task_pool, self.cfg.env, settings.split)
-            self._sampler = UniformSampler(tasks, seed=stable_int(f"{self.cfg.env.seed}:{self.collector_id}"))
+            seed = stable_int(f"{self.cfg.env.seed}:{self.collector_id}")
+            self._sampler = await asyncio.to_thread(make_sampler, self.cfg.env, settings.split, seed=seed)
         log.info(
             "collector %s: %d %s envs, %s mode, %s actions from %s, run %s",
             self.collector_id,
@@ -232,6 +239,8 @@ class Collector:
             await self._client.aclose()
             if self._published is not None:
                 self._published.close()
+            if self._limiter is not None:
+                self._limiter.close()
             self.prometheus.close()
         undelivered = await self._flush()
         # After the flush, so the final report counts every delivery; closing sends it (or logs that it could not).
@@ -435,30 +444,51 @@ class Collector:
         return self._client.version
 
     async def _fresh_enough(self) -> bool:
-        """Wait while the served version is more than ``pause_above_policy_lag`` behind the learner's; False when
-        stopping."""
-        lag = self.settings.pause_above_policy_lag
+        """Wait while the served version is more than ``pause_above_policy_lag`` behind the learner's, or the
+        learner is behind the samples-per-insert budget; False when stopping."""
         while not self.stopping:
-            if lag is None or self._published is None:
-                return True
-            latest = self._published.poll()
-            served = await self._served_version()
-            if latest - served <= lag:
+            reason = await self._pause_reason()
+            if reason is None:
                 if self._paused:
-                    log.info("resuming: serving version %d, learner at %d", served, latest)
+                    log.info("resuming new episodes")
                     self._paused = False
                 return True
             if not self._paused:
-                log.warning(
-                    "pausing new episodes: serving version %d, %d behind the learner's %d (pause_above_policy_lag %d)",
-                    served,
-                    latest - served,
-                    latest,
-                    lag,
-                )
+                log.warning("pausing new episodes: %s", reason)
                 self._paused = True
             await self._sleep(self.settings.version_refresh_s)
         return False
+
+    async def _pause_reason(self) -> str | None:
+        """Why no new episode may start now (None: it may)."""
+        if self._published is None:
+            return None
+        latest = self._published.poll()
+        lag = self.settings.pause_above_policy_lag
+        if lag is not None:
+            served = await self._served_version()
+            if latest - served > lag:
+                behind = latest - served
+                return (
+                    f"serving version {served}, {behind} behind the learner's {latest} (pause_above_policy_lag {lag})"
+                )
+        limiter = self._limiter
+        if limiter is None:
+            return None
+        now = time.monotonic()
+        if now - self._limit_checked_at >= self.settings.version_refresh_s:
+            self._limit_checked_at = now
+            try:
+                await asyncio.to_thread(limiter.refresh)
+            except KafkaClientError as exc:  # the last count stands; the producer reports a lost cluster itself
+                log.debug("cannot count the episodes on %s: %s", limiter.topic, exc)
+        step = self._published.learner_step
+        if limiter.allows(step, self.in_flight):
+            return None
+        return (
+            f"{limiter.on_topic} episodes on {limiter.topic}, the learner sampled {step * limiter.batch_episodes} "
+            f"(samples_per_insert {limiter.samples_per_insert}: budget {limiter.budget(step):.0f})"
+        )
 
     # --- one episode -----------------------------------------------------------------------------------------
 
@@ -542,6 +572,8 @@ class Collector:
                 self._renew_producer()
             return
         self.stats.published += 1
+        if self._limiter is not None:
+            self._limiter.published()
 
     def _delivered(self, err: KafkaError | None, msg: Message) -> None:
         if err is None:

@@ -8,10 +8,11 @@ prompt (``build_prompt(event.instruction, step.observation, [s.action_text for s
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -38,6 +39,9 @@ class EpisodeOutcome:
         steps: the recorded steps, in order (fewer than taken only when an error cut a step short).
         termination: success, failure, truncated, inference_error or env_error.
         error: what went wrong, for the two error terminations.
+        final_observation: truncated episodes: the screen after the last step (s_L, which the learner bootstraps
+            its value from).
+        final_candidates: truncated choice-mode episodes: the actions offered on ``final_observation``.
     """
 
     episode_id: str
@@ -48,6 +52,8 @@ class EpisodeOutcome:
     steps: list[Step]
     termination: Termination
     error: str | None = None
+    final_observation: str | None = None
+    final_candidates: list[str] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -78,6 +84,8 @@ class EpisodeOutcome:
             total_reward=self.total_reward,
             success=self.success,
             steps=self.steps,
+            final_observation=self.final_observation,
+            final_candidates=self.final_candidates,
         )
 
 
@@ -143,8 +151,18 @@ async def run_episode(
     previous: list[str] = []
     instruction = task.instruction
 
-    def end(termination: Termination, error: str | None = None) -> EpisodeOutcome:
-        return EpisodeOutcome(episode_id, task, instruction, started_at, utc_now(), steps, termination, error)
+    def end(termination: Termination, error: str | None = None, final: Observation | None = None) -> EpisodeOutcome:
+        outcome = EpisodeOutcome(episode_id, task, instruction, started_at, utc_now(), steps, termination, error)
+        if final is None:
+            return outcome
+        try:
+            candidates = env.candidates(final) if mode == "choice" else []
+        except Exception as exc:  # the episode is complete: publish it with s_L alone rather than lose it
+            log.warning(
+                "episode %s: no candidates for the final observation: %s", episode_id, _describe("observe", exc)
+            )
+            candidates = []
+        return dataclasses.replace(outcome, final_observation=final.screen, final_candidates=list(candidates))
 
     try:
         observation = await env.reset(task)
@@ -192,7 +210,9 @@ async def run_episode(
         if result.done or result.truncated:
             if info.success:
                 return end(Termination.SUCCESS)
-            return end(Termination.TRUNCATED if result.truncated else Termination.FAILURE)
+            if result.truncated:
+                return end(Termination.TRUNCATED, final=result.observation)
+            return end(Termination.FAILURE)
         observation = result.observation
 
 

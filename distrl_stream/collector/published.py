@@ -1,4 +1,5 @@
-"""The learner's newest published policy version, followed from ``{run}.weights`` (for ``pause_above_policy_lag``)."""
+"""The learner's newest published policy version, followed from ``{run}.weights`` (for ``pause_above_policy_lag``
+and the samples-per-insert limit)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class PublishedVersions:
         self.topic = TopicNames(cfg.run).weights
         self.policy_id = cfg.model.policy_id
         self.latest = 0
+        self.learner_step = 0  # the learner's update count when it published the newest version
         self._follower = TopicFollower(
             cfg.kafka,
             self.topic,
@@ -50,6 +52,7 @@ class PublishedVersions:
             if event.policy_id == self.policy_id and event.version > self.latest:
                 log.info("learner published %s version %d", self.policy_id, event.version)
                 self.latest = event.version
+                self.learner_step = event.learner_step
         return self.latest
 
     def close(self) -> None:

@@ -9,11 +9,12 @@ from distrl_stream.envs.base import DeviceEnv, Observation, StepInfo, StepResult
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.judge import JudgedEnv, LLMJudge, Verdict
 from distrl_stream.envs.sim import LatencyModel, SimEnv, sim_corpus, sim_tasks
-from distrl_stream.envs.tasks import TaskSampler, UniformSampler, make_sampler, task_pool
+from distrl_stream.envs.tasks import CurriculumSampler, TaskSampler, UniformSampler, make_sampler, task_pool
 
 __all__ = [
     "Action",
     "ActionType",
+    "CurriculumSampler",
     "DeviceEnv",
     "InvalidAction",
     "JudgedEnv",

@@ -1,13 +1,14 @@
 """Task pools per environment kind and split, and the samplers collectors draw tasks from.
 
 ``task_pool(config.env, "train")`` gives the training tasks, ``task_pool(config.env, "test")`` the held-out ones.
-A sampler hands out tasks and hears back how each episode went (``update``), which is where a curriculum plugs in:
-:class:`UniformSampler` ignores the feedback, anything with the same two methods can use it.
+A sampler hands out tasks and hears back how each episode went (``update``): :class:`UniformSampler` ignores the
+feedback, :class:`CurriculumSampler` (``env.task_sampler = "curriculum"``) samples by recent success.
 """
 
 from __future__ import annotations
 
 import random
+from collections import defaultdict, deque
 from collections.abc import Sequence
 from typing import Final, Protocol, runtime_checkable
 
@@ -73,6 +74,56 @@ class UniformSampler:
         """Uniform sampling does not adapt."""
 
 
+class CurriculumSampler:
+    """DigiRL's task curriculum: templates at the edge of the policy's ability are drawn most often.
+
+    Each template (a family of tasks of one kind: a sim template, a MiniWoB task) keeps the outcomes of its last
+    ``window`` episodes; its recent success rate p weighs it by p(1 − p) + ``floor``, the variance of its outcome,
+    which is largest where the policy succeeds half the time: the tasks whose episodes carry the most learning signal
+    (all-fail and all-succeed templates teach a policy gradient little). The floor keeps mastered and hopeless
+    templates in the mix, so a forgotten skill or a newly reachable one is noticed. A template with no outcome yet
+    counts as p = 0.5 (tried first). Within a template, tasks are drawn uniformly.
+
+    Args:
+        tasks: the pool; must not be empty.
+        window: recent episodes per template its success rate is measured on.
+        floor: weight added to every template. Source: ours (with 0.05 a mastered template still gets about a
+            sixth of the draws of one at 50%).
+        seed: seeds the draws.
+    """
+
+    def __init__(self, tasks: Sequence[Task], window: int = 20, floor: float = 0.05, seed: int = 0) -> None:
+        if not tasks:
+            raise ValueError("CurriculumSampler needs at least one task")
+        self._by_template: dict[str, list[Task]] = defaultdict(list)
+        for task in tasks:
+            self._by_template[task.template].append(task)
+        self._templates = sorted(self._by_template)
+        self._outcomes: dict[str, deque[bool]] = {t: deque(maxlen=window) for t in self._templates}
+        self._floor = floor
+        self._rng = random.Random(seed)
+
+    def success_rate(self, template: str) -> float:
+        """Recent success of ``template`` (0.5 before its first outcome)."""
+        outcomes = self._outcomes[template]
+        return sum(outcomes) / len(outcomes) if outcomes else 0.5
+
+    def weights(self) -> dict[str, float]:
+        """Each template's sampling weight, p(1 − p) + floor."""
+        return {t: (p := self.success_rate(t)) * (1.0 - p) + self._floor for t in self._templates}
+
+    def sample(self) -> Task:
+        """A template drawn by weight, then one of its tasks uniformly."""
+        weights = self.weights()
+        [template] = self._rng.choices(self._templates, weights=[weights[t] for t in self._templates])
+        return self._rng.choice(self._by_template[template])
+
+    def update(self, task: Task, success: bool) -> None:
+        """Record the outcome of an episode of ``task`` (tasks of templates outside the pool are ignored)."""
+        if task.template in self._outcomes:
+            self._outcomes[task.template].append(success)
+
+
 def miniwob_tasks(names: Sequence[str], split: Split, n: int) -> list[Task]:
     """``n`` MiniWoB tasks round-robin over ``names``; train uses even page seeds, test odd ones (never shared).
 
@@ -130,6 +181,13 @@ def task_pool(section: EnvConfig, split: Split, n: int | None = None) -> list[Ta
     return android_tasks(section.android_tasks, section.android_horizon, split)
 
 
-def make_sampler(section: EnvConfig, split: Split = "train", n: int | None = None) -> UniformSampler:
-    """A uniform sampler over :func:`task_pool`, seeded by ``section.seed``."""
-    return UniformSampler(task_pool(section, split, n), seed=section.seed)
+def make_sampler(
+    section: EnvConfig, split: Split = "train", n: int | None = None, seed: int | None = None
+) -> UniformSampler | CurriculumSampler:
+    """The configured sampler (``section.task_sampler``) over :func:`task_pool`, seeded by ``seed`` (default
+    ``section.seed``). The test split is always sampled uniformly: held-out success must not depend on the policy."""
+    tasks = task_pool(section, split, n)
+    seed = section.seed if seed is None else seed
+    if section.task_sampler == "curriculum" and split == "train":
+        return CurriculumSampler(tasks, window=section.curriculum_window, seed=seed)
+    return UniformSampler(tasks, seed=seed)

@@ -151,7 +151,11 @@ _STEP_FIELDS = Step.__slots__
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrajectoryEvent:
-    """One finished episode (Avro ``distrl.TrajectoryEvent``), keyed by ``episode_id`` on ``{run}.trajectories``."""
+    """One finished episode (Avro ``distrl.TrajectoryEvent`` v2), keyed by ``episode_id`` on ``{run}.trajectories``.
+
+    ``final_observation`` / ``final_candidates`` (v2): what a truncated episode saw after its last step, s_L, so the
+    learner can bootstrap V(s_L); None / empty for every other episode and for records written with v1.
+    """
 
     AVRO_NAME: ClassVar[str] = "distrl.TrajectoryEvent"
 
@@ -171,6 +175,8 @@ class TrajectoryEvent:
     total_reward: float
     success: bool
     steps: list[Step]
+    final_observation: str | None = None
+    final_candidates: list[str] = field(default_factory=list)
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""

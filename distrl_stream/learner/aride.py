@@ -10,8 +10,8 @@ the B episodes, so a padded layout costs less than it saves. Per-step quantities
 (log-probs, entropies, values: ``[N]``, episode-major order) enter the layout with :func:`pad_steps`.
 
 End of an episode: ``done[b, t]`` is 1 on a terminal step (success, or a ``status`` action); a truncated episode's
-last step has ``done = 0`` and its value beyond the data, V(s_L), comes in ``bootstrap[b]`` (the trainer passes
-V(s_L) when it has s_L, else 0: a horizon cap is the task's own deadline, so nothing more is earned after it).
+last step has ``done = 0`` and its value beyond the data, V(s_L), comes in ``bootstrap[b]`` (the trainer passes the
+critic's value of the final observation the collector recorded, TrajectoryEvent v2; 0 for a v1 record without it).
 
 Losses are averaged per episode first (mean over its steps), then over episodes, each weighted by its DPER
 importance weight: an episode is the unit DPER samples, so an episode's weight must scale its whole contribution

@@ -70,8 +70,8 @@ class EpisodeRecord:
         env_kind: sim, miniwob or android.
         task_template: the task's template name.
         split: train or test.
-        final_observation: the screen after the last step, when the producer recorded it; a truncated episode's
-            Retrace bootstrap V(s_L) needs it (without it the learner bootstraps with 0).
+        final_observation: a truncated episode's screen after its last step, s_L, when the collector recorded it
+            (TrajectoryEvent v2); the Retrace bootstrap V(s_L) is the critic's value of it (without it: 0).
     """
 
     episode_id: str
@@ -247,6 +247,8 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
         env_kind=event.env_kind,
         task_template=event.task_template,
         split=event.split,
+        # Only a cut episode has a value beyond its data; a terminal one must never bootstrap.
+        final_observation=event.final_observation if event.termination == Termination.TRUNCATED else None,
     )
 
 

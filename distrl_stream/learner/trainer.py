@@ -434,7 +434,7 @@ class Trainer:
 
     def bootstrap_values(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """V(s_L) after each episode's last step: the critic's value of the final observation of a truncated
-        episode that recorded one, else 0 (docs/learner.md: the horizon is the task's own deadline)."""
+        episode that recorded one (TrajectoryEvent v2), else 0."""
         out = torch.zeros(len(episodes))
         rows = [i for i, e in enumerate(episodes) if not e.terminal and e.final_observation is not None and len(e) > 0]
         if rows:

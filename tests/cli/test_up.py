@@ -154,6 +154,10 @@ def test_up_runs_exits_0_and_reports_trajectories_and_served_versions(up_run: Up
     episodes = int(re.search(r"trajectories: (\d+)", up_run.stdout).group(1))
     served = int(re.search(r"(\d+) served", up_run.stdout).group(1))
     assert episodes == up_run.summary["episodes"] and served >= 2
+    # Held-out success of the untrained policy before the learner started, and of a trained version at the end.
+    start, end = up_run.summary["held_out_start"], up_run.summary["held_out_end"]
+    assert start["version"] == 0 and end["version"] in up_run.summary["versions_served"], up_run.summary
+    assert start["tasks"] == end["tasks"] == 40 and "held-out success: " in up_run.stdout
 
 
 def test_every_role_serves_prometheus_metrics_whose_numbers_move(up_run: UpRun) -> None:

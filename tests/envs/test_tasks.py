@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from distrl_stream.config import load_config
 from distrl_stream.envs import DeviceEnv, JudgedEnv, SimEnv, TaskSampler, UniformSampler, make_env, task_pool
 from distrl_stream.envs.android import AndroidEnv
 from distrl_stream.envs.miniwob import MiniWoBEnv
-from distrl_stream.envs.tasks import make_sampler
+from distrl_stream.envs.tasks import CurriculumSampler, make_sampler
 from distrl_stream.errors import ConfigError
 
 
@@ -66,3 +68,35 @@ def test_make_env_builds_each_kind_without_starting_anything() -> None:
 def test_llm_judge_without_endpoint_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="needs judge_url and judge_model"):
         load_config(env={"judge": "llm"})
+
+
+def _template_counts(sampler: CurriculumSampler, draws: int = 2000) -> Counter[str]:
+    return Counter(sampler.sample().template for _ in range(draws))
+
+
+def test_curriculum_draws_templates_at_the_edge_of_ability_most() -> None:
+    section = load_config(env={"templates": ["take_photo", "alarm_on", "turn_on_setting"], "pool_size": 60}).env
+    sampler = CurriculumSampler(task_pool(section, "train"), window=10, seed=1)
+    before = _template_counts(sampler)
+    assert min(before.values()) > 500  # nothing known yet: every template as likely
+    by_template = {t.template: t for t in task_pool(section, "train")}
+    for k in range(10):
+        sampler.update(by_template["take_photo"], True)  # mastered
+        sampler.update(by_template["alarm_on"], k % 2 == 0)  # half the time: the edge
+        sampler.update(by_template["turn_on_setting"], False)  # out of reach for now
+    after = _template_counts(sampler)
+    assert after["alarm_on"] > 0.6 * 2000  # weight 0.3 of 0.4
+    assert 0 < after["take_photo"] < 0.2 * 2000 and 0 < after["turn_on_setting"] < 0.2 * 2000  # the floor keeps them
+
+    # Only the last `window` outcomes count: the failing template becomes learnable, and is drawn more again.
+    for k in range(10):
+        sampler.update(by_template["turn_on_setting"], k % 2 == 0)
+    assert _template_counts(sampler)["turn_on_setting"] > after["turn_on_setting"] * 3
+
+
+def test_make_sampler_gives_the_curriculum_for_train_and_uniform_for_test() -> None:
+    section = load_config(env={"task_sampler": "curriculum", "pool_size": 10}).env
+    assert isinstance(make_sampler(section, "train"), CurriculumSampler)
+    assert isinstance(make_sampler(section, "test"), UniformSampler)
+    assert isinstance(make_sampler(load_config().env, "train"), UniformSampler)
+    assert isinstance(make_sampler(section, "train"), TaskSampler)

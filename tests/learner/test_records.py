@@ -87,3 +87,13 @@ def test_unusable_events_raise_trajectory_error(breakage, message: str) -> None:
 
 def _step0(ev: TrajectoryEvent, **changes: object) -> TrajectoryEvent:
     return dataclasses.replace(ev, steps=[dataclasses.replace(ev.steps[0], **changes), *ev.steps[1:]])
+
+
+def test_a_truncated_episode_keeps_its_final_observation_for_the_bootstrap() -> None:
+    truncated = dataclasses.replace(event(3, termination=Termination.TRUNCATED), final_observation="[0] after")
+    assert episode_from_event(truncated).final_observation == "[0] after"
+    # A terminal episode has nothing after its end to bootstrap from, whatever the event carries.
+    terminal = dataclasses.replace(event(3, termination=Termination.FAILURE), final_observation="[0] after")
+    assert episode_from_event(terminal).final_observation is None
+    # A v1 record (no final observation) is still usable: the learner bootstraps it with 0.
+    assert episode_from_event(event(3, termination=Termination.TRUNCATED)).final_observation is None

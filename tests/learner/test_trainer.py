@@ -10,9 +10,11 @@ import torch
 
 from distrl_stream.config import LearnerConfig, ModelConfig
 from distrl_stream.errors import LearnerError
+from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
-from distrl_stream.learner.records import EpisodeRecord, episode_from_event
+from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy, resolve_device, step_prompt
+from distrl_stream.policy.prompt import build_prompt
 from tests.learner.simdata import sim_events
 
 torch.set_num_threads(1)
@@ -100,3 +102,30 @@ def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_refused() 
     assert resolve_device("auto") == torch.device("cpu")
     with pytest.raises(LearnerError, match="no CUDA device"):
         resolve_device("cuda")
+
+
+def test_a_truncated_episode_bootstraps_v_of_its_final_observation_and_a_v1_one_zero(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    t = trainer(tiny_model_dir, episodes)
+    base = max(episodes, key=len)
+    steps = (*base.steps[:-1], dataclasses.replace(base.steps[-1], done=False, reward=0.0))
+    cut = dataclasses.replace(base, steps=steps, termination="truncated", success=False, final_observation="[0] x")
+    v1 = dataclasses.replace(cut, final_observation=None)  # the same episode, from an event without the field
+    batch = collate([cut, v1])
+    _logits, values, bootstrap = t.critic_values([cut, v1], batch.mask)
+    final_prompt = build_prompt(cut.instruction, "[0] x", cut.previous_actions(len(cut)))
+    with torch.no_grad():
+        v_final = float(t.step_critic.value(t.features([final_prompt]))[0])
+    assert bootstrap.tolist() == pytest.approx([v_final, 0.0])
+    assert v_final > 0.0
+
+    cfg = t.cfg
+    ones = torch.ones_like(batch.rewards)
+    ret = aride.retrace_targets(
+        batch.rewards, values, bootstrap, batch.done, ones, batch.mask, cfg.gamma, cfg.retrace_lambda, cfg.c_bar
+    )
+    n = len(cut)
+    discounted = torch.tensor([cfg.gamma ** (n - k) * v_final for k in range(n)])
+    # On-policy traces are 1: the targets differ from the zero bootstrap's by exactly γ^{L−t} V(s_L).
+    assert (ret[0, :n] - ret[1, :n]).tolist() == pytest.approx(discounted.tolist(), abs=1e-6)

@@ -1,0 +1,76 @@
+"""The samples-per-insert limit against a real broker: a collector pauses new episodes while the learner is behind
+and resumes once a weight version shows it caught up (no policy server: only the gate is exercised)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from distrl_stream.artifacts import version_event
+from distrl_stream.collector import Collector
+from distrl_stream.collector.published import PublishedVersions
+from distrl_stream.collector.ratelimit import InsertLimiter
+from distrl_stream.config import Config, load_config
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.testing.samples import sample_trajectory
+
+
+def test_the_budget_is_samples_over_the_ratio_plus_the_warm_up_and_one_version() -> None:
+    cfg = load_config(
+        collector={"samples_per_insert": 2.0},
+        learner={"batch_episodes": 4, "min_buffer_episodes": 8, "updates_per_version": 5},
+    )
+    limiter = InsertLimiter(cfg, "test-inserts")
+    assert limiter.budget(0) == 8 + 5 * 4 / 2  # nothing sampled yet: the warm-up buffer and one version
+    assert limiter.budget(10) == 10 * 4 / 2 + 18
+    limiter.close()
+
+
+@pytest.mark.kafka
+async def test_collector_pauses_while_the_learner_is_behind_and_resumes_when_it_catches_up(
+    make_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    # Budget: learner_step × 2 / 1 + (2 + 1 × 2 / 1) = 2·step + 4 episodes.
+    cfg = make_config(
+        collector={"samples_per_insert": 1.0, "version_refresh_s": 0.1},
+        learner={"batch_episodes": 2, "min_buffer_episodes": 2, "updates_per_version": 1},
+    )
+    ensure_run_topics(cfg)
+    topics = TopicNames(cfg.run)
+    collector = Collector(cfg)
+    with Producer(cfg.kafka, client_id="test") as producer:
+        collector._published = PublishedVersions(cfg, producer, "test-weights")
+        collector._published.start()
+        collector._limiter = InsertLimiter(cfg, "test-inserts")
+        try:
+            assert await asyncio.wait_for(collector._fresh_enough(), 30)  # an empty topic: within the budget
+            rng = random.Random(0)
+            for _ in range(4):  # the whole budget of a learner that has not sampled yet
+                producer.produce_event(topics.trajectories, sample_trajectory(rng, run=cfg.run, steps=2))
+            producer.flush()
+
+            gate = asyncio.create_task(collector._fresh_enough())
+            deadline = time.monotonic() + 30
+            while not collector._paused:
+                assert time.monotonic() < deadline, "the collector never paused"
+                await asyncio.sleep(0.05)
+            assert not gate.done()
+
+            adapter = tmp_path / "adapter"
+            adapter.mkdir()
+            (adapter / "adapter_model.safetensors").write_bytes(b"x")
+            # One update of 2 episodes: budget 6 for 4 inserted episodes, so the next one may start.
+            event = version_event(cfg.model, 1, adapter, learner_step=1, trajectories_consumed=4)
+            producer.produce_event(topics.weights, event)
+            producer.flush()
+            assert await asyncio.wait_for(gate, 30)
+            assert not collector._paused
+        finally:
+            collector._published.close()
+            collector._limiter.close()
