@@ -345,7 +345,8 @@ def fetch_chunks(kafka: KafkaConfig, where: KafkaLocation, folder: Path, timeout
                     f"{where.artifact}: timed out after {timeout_s:.0f} s at offset {position} of {where.last}",
                     "missing",
                 )
-            for msg in consumer.consume(500, 0.5):
+            # consume() waits for as many records as asked (or the timeout): ask for no more than the range holds.
+            for msg in consumer.consume(min(500, where.last - position + 1), 0.5):
                 position = msg.offset() + 1
                 if msg.offset() > where.last:
                     break
