@@ -400,6 +400,8 @@ def main() -> None:
                     "latency_mean_s": args.latency_mean,
                 },
                 "learner": dict(LEARNER),
+                # One host: the after-the-fact evaluator (VersionEvaluator) reloads the learner's own folders.
+                "artifacts": {"store": "file"},
             }
             cfg = load_config(None, **base)
             tasks = held_out_tasks(cfg, eval_tasks)
