@@ -116,11 +116,6 @@ def artifact_name(policy_id: str, version: int) -> str:
     return f"{policy_id}/v{version:06d}"
 
 
-def chunk_count(folder: Path, chunk_bytes: int) -> int:
-    """How many chunks :func:`iter_chunks` yields for ``folder`` (an empty file is one empty chunk)."""
-    return sum(max(1, -(-size // chunk_bytes)) for _rel, _path, size in _files(folder))
-
-
 def iter_chunks(folder: Path, chunk_bytes: int) -> Iterator[Chunk]:
     """The folder's files in sorted path order, each cut into chunks of at most ``chunk_bytes``.
 
@@ -226,11 +221,14 @@ def publish_chunks(cfg: Config, producer: Producer, version: int, chunks: Iterat
 
     Raises:
         KafkaClientError: a chunk was not acknowledged.
+        ArtifactError: there are no chunks (an empty folder).
     """
     topic = TopicNames(cfg.run).artifacts
     policy = cfg.model.policy_id
-    items = list(chunks)
+    items = list(chunks)  # every chunk's header carries the count; an adapter is MBs, so holding it is fine
     name = artifact_name(policy, version)
+    if not items:
+        raise ArtifactError(f"{name}: the adapter folder holds no files")
     slot = version % cfg.artifacts.keep_versions
     offsets: list[int] = []
     for index, chunk in enumerate(items):

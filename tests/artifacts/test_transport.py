@@ -20,7 +20,6 @@ from distrl_stream.artifacts.transport import (
     Chunk,
     ChunkWriter,
     KafkaLocation,
-    chunk_count,
     iter_chunks,
     publish_chunks,
 )
@@ -57,7 +56,7 @@ def _rebuild(chunks: list[Chunk], folder: Path, expected: int) -> Path:
 def test_chunks_rebuild_the_folder_byte_for_byte_in_any_order(tmp_path: Path) -> None:
     source = _adapter(tmp_path / "a")
     chunks = list(iter_chunks(source, 1024))
-    assert len(chunks) == chunk_count(source, 1024) == 5 + 1 + 1 + 1  # 5000 B in 1 KiB pieces, 3 small files
+    assert len(chunks) == 5 + 1 + 1 + 1  # 5000 B in 1 KiB pieces, 3 small files (an empty one is one empty chunk)
     assert max(len(c.data) for c in chunks) == 1024
     random.Random(1).shuffle(chunks)
     rebuilt = _rebuild(chunks, tmp_path / "b", len(chunks))
