@@ -401,6 +401,8 @@ def main() -> None:
                     "latency_mean_s": args.latency_mean,
                 },
                 "learner": dict(LEARNER),
+                # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
+                "artifacts": {"store": "file"},
             }
             cfg = load_config(None, **base)
             tasks = held_out_tasks(cfg, eval_tasks)

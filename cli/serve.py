@@ -59,7 +59,7 @@ def serve(
         if cfg.inference.watch_weights:
             from distrl_stream.inference.versions import WeightWatcher
 
-            watcher = WeightWatcher(cfg, server_url=server.url)
+            watcher = WeightWatcher(cfg, server_url=server.url, model_dir=server.model_dir)
             watcher.start()
         err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
         shown, refused = 0, 0

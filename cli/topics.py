@@ -1,4 +1,4 @@
-"""`distrl-stream topics ...`: the Kafka topics of a run ({run}.trajectories, .weights, .metrics, .dlq)."""
+"""`distrl-stream topics ...`: the Kafka topics of a run ({run}.trajectories, .weights, .artifacts, .metrics, .dlq)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def create(
     bootstrap: BootstrapOption = None,
     timeout: TimeoutOption = 10.0,
 ) -> None:
-    """Create the run's four topics with their configs where missing (roles also do this when they start)."""
+    """Create the run's five topics with their configs where missing (roles also do this when they start)."""
     cfg = _config(config, run, bootstrap)
     names = run_command(ensure_run_topics, cfg, Admin(cfg.kafka, timeout_s=timeout))
     typer.echo("\n".join(names.all()))

@@ -358,6 +358,36 @@ class ModelConfig(Section):
         return self.base.name if self.base is not None else self.size
 
 
+# Room left in a message of {run}.artifacts for a chunk's key and headers (path, offsets, sha256).
+ARTIFACT_HEADER_BYTES = 4096
+
+
+class ArtifactsConfig(Section):
+    """Where the learner publishes each adapter version and how servers fetch it (docs/deployment.md)."""
+
+    store: str = Field(
+        "kafka",
+        pattern=r"^(kafka|file|[a-z][a-z0-9+.-]*://\S+)$",
+        description="Publish target of adapter versions. kafka (default): the folder travels in chunks on "
+        "{run}.artifacts, so a server needs nothing but the broker (any number of hosts). file: servers read the "
+        "learner's data_dir/runs/<run>/artifacts folder (one host, or a shared filesystem). An fsspec base URL "
+        "(s3://bucket/prefix, gs://..., http(s)://...): the folder is uploaded under <url>/<run>/<policy_id>/v<N>.",
+    )
+    chunk_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Largest chunk of an adapter file on {run}.artifacts (one Kafka message each); must stay under "
+        "kafka.max_message_bytes, the topic's message limit.",
+    )
+    keep_versions: int = Field(
+        3,
+        ge=1,
+        description="Versions per policy that stay readable on {run}.artifacts: version v reuses the record keys of "
+        "version v - keep_versions, so compaction drops the older one (a server that joins late needs the newest).",
+    )
+    fetch_timeout_s: float = Field(120.0, gt=0, description="Bound on fetching one adapter version from the store.")
+
+
 class InferenceConfig(Section):
     """The vLLM policy server (`serve`) and the client every collector uses to ask it for actions."""
 
@@ -616,9 +646,19 @@ class Config(BaseSettings):
     broker: BrokerConfig = Field(default_factory=BrokerConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     inference: InferenceConfig = Field(default_factory=InferenceConfig)
+    artifacts: ArtifactsConfig = Field(default_factory=ArtifactsConfig)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
+
+    @model_validator(mode="after")
+    def _chunks_fit_in_a_message(self) -> Config:
+        if self.artifacts.chunk_bytes + ARTIFACT_HEADER_BYTES > self.kafka.max_message_bytes:
+            raise ValueError(
+                f"artifacts.chunk_bytes ({self.artifacts.chunk_bytes}) plus {ARTIFACT_HEADER_BYTES} bytes of headers "
+                f"must fit in kafka.max_message_bytes ({self.kafka.max_message_bytes})"
+            )
+        return self
 
     @property
     def run_dir(self) -> Path:

@@ -118,8 +118,22 @@ class InferenceRequestError(InferenceError):
         self.status_code = status_code
 
 
+class ArtifactIntegrityError(ArtifactError):
+    """A fetched artifact's bytes are not what was published: ``reason`` is ``chunk`` (a chunk's own sha256),
+    ``hash`` (the whole folder's sha256 or size) or ``missing`` (records or files not there)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
 class AdapterVerificationError(InferenceError):
-    """A weight version's adapter does not match its published sha256 (or is missing); it is never served."""
+    """A weight version's adapter is not served: ``reason`` is ``chunk``, ``hash``, ``missing`` or ``base_model``
+    (its base model's fingerprint differs from the server's)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class ReplayBufferError(DistrlError):

@@ -9,6 +9,7 @@ service hashes it again before loading it; both must agree byte for byte, so thi
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -57,7 +58,6 @@ def sha256_dir(path: Path) -> str:
     """
     if not path.is_dir():
         raise ArtifactError(f"not a folder: {path}")
-    digest = hashlib.sha256()
     files: list[tuple[str, Path]] = []
     for root, _dirs, names in os.walk(path):
         for name in names:
@@ -65,6 +65,11 @@ def sha256_dir(path: Path) -> str:
             if full.is_symlink():
                 raise ArtifactError(f"symlink in artifact folder (not allowed): {full}")
             files.append((full.relative_to(path).as_posix(), full))
+    return _sha256_files(files)
+
+
+def _sha256_files(files: list[tuple[str, Path]]) -> str:
+    digest = hashlib.sha256()
     for rel, full in sorted(files):
         digest.update(rel.encode())
         digest.update(b"\0")
@@ -73,6 +78,50 @@ def sha256_dir(path: Path) -> str:
             while chunk := fh.read(_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def model_fingerprint(model_dir: Path, cache_file: Path | None = None) -> str:
+    """The base model's fingerprint: :func:`sha256_dir`'s digest over only ``config.json`` and the weight files
+    (``*.safetensors``, ``*.bin``) at the top of ``model_dir``.
+
+    Those files decide what an adapter is applied to; tokenizer and generation files do not change the weights, so
+    they are left out. Hashing a multi-GB model takes a while, so the digest is cached in ``cache_file`` (JSON)
+    under the folder's path and each file's size and mtime: an unchanged folder is not read again.
+
+    Raises:
+        ArtifactError: ``model_dir`` has no ``config.json``.
+    """
+    if not (model_dir / "config.json").is_file():
+        raise ArtifactError(f"not a model folder (no config.json): {model_dir}")
+    files = sorted(
+        (p.name, p)
+        for p in model_dir.iterdir()
+        if p.is_file() and (p.name == "config.json" or p.suffix in (".safetensors", ".bin"))
+    )
+    key = str(model_dir.resolve())
+    stamp = [[rel, p.stat().st_size, p.stat().st_mtime_ns] for rel, p in files]
+    cached: dict[str, dict[str, object]] = {}
+    if cache_file is not None and cache_file.is_file():
+        try:
+            cached = json.loads(cache_file.read_text())
+        except (OSError, ValueError):
+            cached = {}  # a damaged cache only costs a re-hash
+        entry = cached.get(key)
+        if entry is not None and entry.get("files") == stamp:
+            return str(entry["sha256"])
+    digest = _sha256_files(files)
+    if cache_file is not None:
+        cached[key] = {"files": stamp, "sha256": digest}
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cached))
+        os.replace(tmp, cache_file)
+    return digest
+
+
+def base_fingerprint(cfg: Config, model_dir: Path) -> str:
+    """:func:`model_fingerprint` of ``model_dir``, cached in ``{data_dir}/models/fingerprints.json``."""
+    return model_fingerprint(model_dir, cfg.data_dir / "models" / "fingerprints.json")
 
 
 def dir_size(path: Path) -> int:
@@ -85,22 +134,26 @@ def version_event(
     version: int,
     adapter: Path,
     *,
+    adapter_uri: str,
+    base_fingerprint: str,
     learner_step: int,
     trajectories_consumed: int,
     metrics: dict[str, float] | None = None,
 ) -> WeightVersionEvent:
-    """The event announcing ``adapter`` (complete on disk) as ``version`` of ``model.policy_id``: URI, sha256, size."""
+    """The event announcing ``adapter`` (complete on disk, published at ``adapter_uri``) as ``version`` of
+    ``model.policy_id``: URI, sha256, size and the base model's fingerprint (:func:`model_fingerprint`)."""
     return WeightVersionEvent(
         policy_id=model.policy_id,
         version=version,
         base_model=model.base_model_id,
-        adapter_uri=adapter.resolve().as_uri(),
+        adapter_uri=adapter_uri,
         sha256=sha256_dir(adapter),
         size_bytes=dir_size(adapter),
         created_at=utc_now(),
         learner_step=learner_step,
         trajectories_consumed=trajectories_consumed,
         metrics=metrics or {},
+        base_fingerprint=base_fingerprint,
     )
 
 

@@ -142,7 +142,13 @@ class VersionEvaluator:
         self.cfg = cfg
         self.server_url = server_url
         self.loader = AdapterLoader(
-            server_url, cfg.model.policy_id, keep_versions=1, staging_dir=staging_dir, api_key=cfg.inference.api_key
+            server_url,
+            cfg.model.policy_id,
+            keep_versions=1,
+            staging_dir=staging_dir,
+            api_key=cfg.inference.api_key,
+            kafka=cfg.kafka,
+            fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
         )
 
     async def evaluate(

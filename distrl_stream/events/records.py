@@ -198,7 +198,11 @@ _build_trajectory = _builder(TrajectoryEvent)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WeightVersionEvent:
-    """A published policy version (Avro ``distrl.WeightVersionEvent``), keyed by ``policy_id`` on ``{run}.weights``."""
+    """A published policy version (Avro ``distrl.WeightVersionEvent`` v2), keyed by ``policy_id`` on ``{run}.weights``.
+
+    ``base_fingerprint`` (v2) is the base model's :func:`~distrl_stream.artifacts.model_fingerprint`; "" in events
+    written with v1.
+    """
 
     AVRO_NAME: ClassVar[str] = "distrl.WeightVersionEvent"
 
@@ -212,6 +216,7 @@ class WeightVersionEvent:
     learner_step: int
     trajectories_consumed: int
     metrics: dict[str, float] = field(default_factory=dict)
+    base_fingerprint: str = ""
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""

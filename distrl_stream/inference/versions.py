@@ -4,19 +4,25 @@ It reads the compacted ``{run}.weights`` topic from the start (so a server that 
 latest versions), and for every :class:`~distrl_stream.events.WeightVersionEvent` of its policy that is newer than
 what it serves:
 
-1. copies the adapter folder into a staging folder the server owns, and checks the copy's sha256 (and size)
-   against the event: a mismatch or a missing folder is refused and reported, never served. Checking a private
-   copy (not the original) means nobody can change the files between the check and the load;
-2. loads it with ``POST /v1/load_lora_adapter`` under the name ``<policy_id>-v<version>``, so clients see it in
+1. checks the event's base-model fingerprint against the server's own base model (``base_model`` refusal);
+2. fetches the adapter through :func:`distrl_stream.artifacts.fetch` (``kafka://`` chunks, a ``file://`` folder or
+   an fsspec URL) into ``staging_dir/<policy_id>-v<version>-<sha256>``, a folder the server owns, checking every
+   chunk's sha256 (``chunk``), then the whole folder's sha256 and size against the event (``hash``); what cannot be
+   found is ``missing``. Checking a private copy (not the original) means nobody can change the files between the
+   check and the load. The staged folder's name ends with the adapter's full sha256: vLLM reports it as the
+   adapter's ``root`` in ``/v1/models``, which is how a client learns which bytes a served name stands for;
+3. loads it with ``POST /v1/load_lora_adapter`` under the name ``<policy_id>-v<version>``, so clients see it in
    ``/v1/models`` and switch to it;
-3. unloads (and deletes the staged copy of) versions beyond the newest ``keep_versions``;
-4. publishes a :class:`~distrl_stream.events.MetricEvent` on ``{run}.metrics`` (``labels.event`` = ``loaded`` or
-   ``refused``), so the monitor sees what is served.
+4. unloads (and deletes the staged copy of) versions beyond the newest ``keep_versions``;
+5. publishes a :class:`~distrl_stream.events.MetricEvent` on ``{run}.metrics`` (``labels.event`` = ``loaded`` or
+   ``refused``, a refusal with ``labels.category`` = ``chunk``, ``hash``, ``missing``, ``base_model`` or ``server``),
+   so the monitor sees what is served. A refused version is never served; the server goes on serving what it had.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import shutil
 import socket
 import threading
@@ -27,10 +33,10 @@ from pathlib import Path
 import httpx
 from pydantic import SecretStr
 
-from distrl_stream.artifacts import dir_size, local_path, sha256_dir
+from distrl_stream.artifacts import base_fingerprint, fetch
 from distrl_stream.background import BackgroundFollower
-from distrl_stream.config import Config
-from distrl_stream.errors import AdapterVerificationError, ArtifactError, InferenceError
+from distrl_stream.config import Config, KafkaConfig
+from distrl_stream.errors import AdapterVerificationError, ArtifactError, ArtifactIntegrityError, InferenceError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.inference.client import auth_headers, served_name
 from distrl_stream.kafka.dlq import DeadLetterQueue
@@ -38,8 +44,16 @@ from distrl_stream.kafka.follower import TopicFollower
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.monitor.prometheus import WatcherMetrics
+from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def staged_name(policy_id: str, version: int, sha256: str) -> str:
+    """The staged folder of a version: ``<policy_id>-v<version>-<sha256>`` (the full 64-hex sha256 last)."""
+    return f"{served_name(policy_id, version)}-{sha256}"
 
 
 @dataclass(frozen=True)
@@ -49,8 +63,8 @@ class LoadReport:
     Attributes:
         version: the policy version.
         name: its served name (``<policy_id>-v<version>``).
-        path: the verified staged copy the server loaded.
-        load_s: copy + verify + load time.
+        path: the verified staged copy the server loaded (``staging_dir/<name>-<sha256>``).
+        load_s: fetch + verify + load time.
         retired: versions unloaded to keep at most ``keep_versions``.
     """
 
@@ -72,6 +86,11 @@ class AdapterLoader:
         staging_dir: where verified copies of the adapters live while they are served.
         timeout_s: bound on each load/unload request (a load reads the adapter from disk).
         api_key: the server's key (``inference.api_key``), if it has one.
+        kafka: the cluster ``kafka://`` adapters are fetched from (None: such a version is refused as ``missing``).
+        fetch_timeout_s: bound on fetching one adapter (``artifacts.fetch_timeout_s``).
+        base_model: the server's base model id (named in a ``base_model`` refusal).
+        base_fingerprint: the server's :func:`~distrl_stream.artifacts.model_fingerprint`; "" skips the check, as
+            does an event without one (written before events carried it).
     """
 
     server_url: str
@@ -80,7 +99,12 @@ class AdapterLoader:
     staging_dir: Path
     timeout_s: float = 120.0
     api_key: SecretStr | None = None
+    kafka: KafkaConfig | None = None
+    fetch_timeout_s: float = 120.0
+    base_model: str = ""
+    base_fingerprint: str = ""
     loaded: list[int] = field(default_factory=list)
+    staged: dict[int, Path] = field(default_factory=dict)
 
     @property
     def newest(self) -> int:
@@ -94,13 +118,15 @@ class AdapterLoader:
             What was loaded, or None when the event is for another policy or not newer than the newest served.
 
         Raises:
-            AdapterVerificationError: the adapter is missing or its bytes do not match the event (not served).
+            AdapterVerificationError: the adapter is for another base model, missing, or its bytes do not match
+                the event (not served); ``reason`` says which.
             InferenceError: the server refused or failed the load (e.g. a LoRA rank above --max-lora-rank).
         """
         if event.policy_id != self.policy_id or event.version <= self.newest:
             return None
         started = time.monotonic()
         name = served_name(self.policy_id, event.version)
+        self._check_base(event, name)
         staged = self._stage_verified(event, name)
         try:
             self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(staged)})
@@ -108,38 +134,44 @@ class AdapterLoader:
             shutil.rmtree(staged, ignore_errors=True)
             raise
         self.loaded.append(event.version)
+        self.staged[event.version] = staged
         retired: list[int] = []
         while len(self.loaded) > self.keep_versions:
             old = self.loaded.pop(0)
             self._post("/v1/unload_lora_adapter", {"lora_name": served_name(self.policy_id, old)})
-            shutil.rmtree(self.staging_dir / served_name(self.policy_id, old), ignore_errors=True)
+            shutil.rmtree(self.staged.pop(old), ignore_errors=True)
             retired.append(old)
         report = LoadReport(event.version, name, staged, time.monotonic() - started, tuple(retired))
         log.info("serving %s (%.2fs); retired %s", name, report.load_s, retired or "none")
         return report
 
+    def _check_base(self, event: WeightVersionEvent, name: str) -> None:
+        if self.base_fingerprint and event.base_fingerprint and event.base_fingerprint != self.base_fingerprint:
+            raise AdapterVerificationError(
+                f"{name}: adapter for base model {event.base_model!r} (fingerprint {event.base_fingerprint[:16]}…) "
+                f"but this server serves {self.base_model!r} (fingerprint {self.base_fingerprint[:16]}…)",
+                "base_model",
+            )
+
     def _stage_verified(self, event: WeightVersionEvent, name: str) -> Path:
-        try:
-            source = local_path(event.adapter_uri)
-        except ArtifactError as exc:
-            raise AdapterVerificationError(f"{name}: {exc}") from None
-        if not source.is_dir():
-            raise AdapterVerificationError(f"{name}: adapter folder {source} does not exist")
-        staged = self.staging_dir / name
+        if not _SHA256.match(event.sha256):
+            raise AdapterVerificationError(f"{name}: published sha256 {event.sha256!r} is not 64 hex digits", "hash")
+        staged = self.staging_dir / staged_name(self.policy_id, event.version, event.sha256)
         shutil.rmtree(staged, ignore_errors=True)
         self.staging_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copytree(source, staged, symlinks=True)
         try:
-            digest, size = sha256_dir(staged), dir_size(staged)
-        except ArtifactError as exc:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise AdapterVerificationError(f"{name}: {exc}") from None
-        if digest != event.sha256 or size != event.size_bytes:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise AdapterVerificationError(
-                f"{name}: adapter {event.adapter_uri} does not match its weight-version event "
-                f"(sha256 {digest[:16]}…, {size} bytes; published {event.sha256[:16]}…, {event.size_bytes} bytes)"
+            fetch(
+                event.adapter_uri,
+                staged,
+                sha256=event.sha256,
+                size_bytes=event.size_bytes,
+                kafka=self.kafka,
+                timeout_s=self.fetch_timeout_s,
             )
+        except ArtifactIntegrityError as exc:
+            raise AdapterVerificationError(f"{name}: {exc}", exc.reason) from None
+        except ArtifactError as exc:
+            raise AdapterVerificationError(f"{name}: {exc}", "missing") from None
         return staged
 
     def _post(self, path: str, payload: dict[str, str]) -> None:
@@ -162,6 +194,8 @@ class WeightWatcher(BackgroundFollower):
         source_id: names this server in metric events; default ``<hostname>:<port>``.
         staging_dir: verified adapter copies; default ``<run_dir>/serving/<source_id>``.
         catch_up_timeout_s: bound on reading the topic's backlog before going live.
+        model_dir: the base model the server serves, fingerprinted to refuse adapters of another base; default
+            ``model.base`` or the local model (built if missing).
     """
 
     thread_name = "weight-watcher"
@@ -174,9 +208,11 @@ class WeightWatcher(BackgroundFollower):
         source_id: str | None = None,
         staging_dir: Path | None = None,
         catch_up_timeout_s: float = 60.0,
+        model_dir: Path | None = None,
     ) -> None:
         super().__init__()
         self.cfg = cfg
+        self.model_dir = model_dir
         self.topics = TopicNames(cfg.run)
         self.source_id = source_id or f"{socket.gethostname()}:{server_url.rsplit(':', 1)[-1]}"
         self.loader = AdapterLoader(
@@ -185,9 +221,13 @@ class WeightWatcher(BackgroundFollower):
             cfg.inference.keep_versions,
             staging_dir or cfg.run_dir / "serving" / self.source_id.replace(":", "_"),
             api_key=cfg.inference.api_key,
+            kafka=cfg.kafka,
+            fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
+            base_model=cfg.model.base_model_id,
         )
         self.catch_up_timeout_s = catch_up_timeout_s
         self.refused: list[tuple[int, str]] = []
+        self.refused_by_reason: dict[str, int] = {}
         self.caught_up = threading.Event()
         self.published_version = 0  # the newest version of our policy seen on the topic
         self.prometheus = WatcherMetrics(
@@ -197,6 +237,12 @@ class WeightWatcher(BackgroundFollower):
             published_version=lambda: self.published_version,
             loaded_versions=lambda: len(self.loader.loaded),
             refused=lambda: len(self.refused),
+        )
+        self.prometheus.counter(
+            "distrl_inference_versions_refused_by_reason",
+            "Versions refused, by reason: chunk, hash, missing, base_model, server.",
+            lambda: dict(self.refused_by_reason),
+            label="reason",
         )
 
     def start(self) -> None:
@@ -215,6 +261,8 @@ class WeightWatcher(BackgroundFollower):
         return self.loader.newest
 
     def _follow(self) -> None:
+        # Here, not in __init__: hashing a large base model (first time only; then cached) must not block start().
+        self.loader.base_fingerprint = base_fingerprint(self.cfg, self.model_dir or resolve_model_dir(self.cfg))
         ensure_run_topics(self.cfg)
         producer = Producer(self.cfg.kafka, client_id=f"inference-{self.source_id}")
         # No group: every server must see every version, so each one reads all partitions itself.
@@ -259,12 +307,14 @@ class WeightWatcher(BackgroundFollower):
             report = self.loader.load(event)
         except (AdapterVerificationError, InferenceError) as exc:
             # A bad version is refused and reported; the server goes on serving what it has.
-            log.error("refused %s v%d: %s", event.policy_id, event.version, exc)
+            category = exc.reason if isinstance(exc, AdapterVerificationError) else "server"
+            log.error("refused %s v%d (%s): %s", event.policy_id, event.version, category, exc)
             self.refused.append((event.version, str(exc)))
+            self.refused_by_reason[category] = self.refused_by_reason.get(category, 0) + 1
             self._publish(
                 producer,
                 {"refused_version": float(event.version)},
-                {**labels, "event": "refused", "reason": str(exc)[:500]},
+                {**labels, "event": "refused", "category": category, "reason": str(exc)[:500]},
             )
             return
         if report is not None:

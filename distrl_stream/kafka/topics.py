@@ -1,4 +1,5 @@
-"""The topic layout of a run: ``{run}.trajectories``, ``{run}.weights``, ``{run}.metrics``, ``{run}.dlq``."""
+"""The topic layout of a run: ``{run}.trajectories``, ``{run}.weights``, ``{run}.artifacts``, ``{run}.metrics``,
+``{run}.dlq``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from distrl_stream.kafka.admin import Admin, TopicSpec
 from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES
 from distrl_stream.kafka.registry import RegistrySerde, use_schemas
 
-TOPIC_KINDS = ("trajectories", "weights", "metrics", "dlq")
+TOPIC_KINDS = ("trajectories", "weights", "artifacts", "metrics", "dlq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,12 @@ class TopicNames:
         return f"{self.run}.weights"
 
     @property
+    def artifacts(self) -> str:
+        """Adapter folders in chunks (raw bytes + headers), keyed by policy, slot and chunk; compacted, so the
+        newest ``artifacts.keep_versions`` versions of each policy stay readable (``distrl_stream.artifacts``)."""
+        return f"{self.run}.artifacts"
+
+    @property
     def metrics(self) -> str:
         """MetricEvents of every role; time-based retention."""
         return f"{self.run}.metrics"
@@ -44,9 +51,9 @@ class TopicNames:
         """The learners' consumer group on the trajectories; the monitor reads its lag."""
         return f"{self.run}.learner"
 
-    def all(self) -> tuple[str, str, str, str]:
-        """All four names, in layout order."""
-        return (self.trajectories, self.weights, self.metrics, self.dlq)
+    def all(self) -> tuple[str, str, str, str, str]:
+        """All five names, in layout order."""
+        return (self.trajectories, self.weights, self.artifacts, self.metrics, self.dlq)
 
     def of(self, event_type: type[Event]) -> str:
         """The topic that carries ``event_type`` (its values' schema subject is ``{topic}-value``)."""
@@ -59,10 +66,11 @@ class TopicNames:
 
 
 def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
-    """The four topics of ``run`` with their configs (partitions, replication and retention from ``kafka``).
+    """The five topics of ``run`` with their configs (partitions, replication and retention from ``kafka``).
 
     Retention: trajectories are kept (-1) because they are the replay log; metrics for days, dead letters for weeks
-    (``kafka.*_retention_ms``); weights are compacted, so each policy's latest version stays forever.
+    (``kafka.*_retention_ms``); weights are compacted, so each policy's latest version stays forever; artifacts are
+    compacted by (policy, slot, chunk) key, so each policy's newest ``artifacts.keep_versions`` versions stay.
     """
     names = TopicNames(run)
     rf = kafka.replication_factor
@@ -92,6 +100,20 @@ def run_topic_specs(run: str, kafka: KafkaConfig) -> list[TopicSpec]:
                 "min.compaction.lag.ms": "0",
                 # Roll hourly so the cleaner (which skips the active segment) actually compacts during a run.
                 "segment.ms": str(3600 * 1000),
+            },
+        ),
+        TopicSpec(
+            # One partition: a version's chunks are one contiguous offset range, which its kafka:// URI names.
+            names.artifacts,
+            1,
+            rf,
+            {
+                **durability,
+                # Version v reuses the keys of version v - keep_versions: compaction removes the older one.
+                "cleanup.policy": "compact",
+                "min.compaction.lag.ms": "0",
+                "segment.ms": str(3600 * 1000),
+                "max.message.bytes": str(kafka.max_message_bytes),
             },
         ),
         TopicSpec(

@@ -41,7 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from distrl_stream.artifacts import adapter_dir, atomic_dir, newest_artifact_version, version_event
+from distrl_stream.artifacts import (
+    adapter_dir,
+    atomic_dir,
+    base_fingerprint,
+    newest_artifact_version,
+    publish,
+    version_event,
+)
 from distrl_stream.config import Algorithm, Config
 from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
@@ -142,6 +149,7 @@ class Learner:
         self._trainer: Trainer | None = None
         self._reader: TrajectoryReader | None = None
         self._producer: Producer | None = None
+        self._base_fingerprint = ""
         self._start_offsets: dict[int, int] = {}
         self._shard_from: dict[int, int] = {}  # partition -> first offset of the checkpoint's shard
         self._restore_priorities: dict[tuple[int, int], float] = {}  # (partition, offset) -> priority, to rebuild
@@ -209,6 +217,7 @@ class Learner:
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
+        self._base_fingerprint = base_fingerprint(self.cfg, model_dir) if self.membership.writer else ""
         # Rank 0 decides, so every member resumes from the same checkpoint within the same generation.
         checkpoint, self._generation = self.group.broadcast((self.store.latest(), uuid.uuid4().hex))
         if self.membership.writer:
@@ -457,15 +466,16 @@ class Learner:
             self.checkpoint()
 
     def publish(self) -> WeightVersionEvent | None:
-        """Write the current adapter as the next version (atomically, then hashed) and THEN announce it (rank 0; the
-        other members learn the number in the next :meth:`~.group.Group.exchange`).
+        """Write the current adapter as the next version (atomically), put it in ``artifacts.store``, and THEN
+        announce it (rank 0; the other members learn the number in the next :meth:`~.group.Group.exchange`).
 
         Returns:
             The published event (None on members other than rank 0).
 
         Raises:
-            KafkaClientError: the event was not acknowledged (the artifact stays; the next publish takes the next
-                number).
+            KafkaClientError: the chunks or the event were not acknowledged (the artifact stays; the next publish
+                takes the next number).
+            ArtifactError: the object store refused the upload.
         """
         assert self._producer is not None
         if not self.membership.writer:
@@ -474,10 +484,14 @@ class Learner:
         target = adapter_dir(self.cfg, version)
         with atomic_dir(target) as tmp:
             self.trainer.save_adapter(tmp)
+        # The adapter reaches the store (Kafka, an object store) before the event that names it.
+        uri = publish(self.cfg, version, target, self._producer)
         event = version_event(
             self.cfg.model,
             version,
             target,
+            adapter_uri=uri,
+            base_fingerprint=self._base_fingerprint,
             learner_step=self.trainer.updates,
             trajectories_consumed=self.counters.ingested,
             metrics={k: self._last_stats[k] for k in _SUMMARY_KEYS if k in self._last_stats},

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from distrl_stream.artifacts import atomic_dir, version_event
+from distrl_stream.artifacts import atomic_dir, publish, version_event
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config, ModelConfig
 from distrl_stream.events import TrajectoryEvent, decode
@@ -45,9 +45,21 @@ def write_noop_adapter(model_dir: Path, out: Path, model: ModelConfig) -> Path:
     return out
 
 
-def publish_version(cfg: Config, producer: Producer, version: int, adapter: Path, *, consumed: int = 0) -> None:
-    """Publish ``adapter`` as ``version`` of ``cfg.model.policy_id`` on ``{run}.weights`` (queued; flush to wait)."""
-    event = version_event(cfg.model, version, adapter, learner_step=0, trajectories_consumed=consumed)
+def publish_version(
+    cfg: Config, producer: Producer, version: int, adapter: Path, *, base_fingerprint: str = "", consumed: int = 0
+) -> None:
+    """Put ``adapter`` in ``artifacts.store`` and announce it as ``version`` of ``cfg.model.policy_id`` on
+    ``{run}.weights`` (the event is queued; flush to wait). ``base_fingerprint`` "": servers do not check the base."""
+    uri = publish(cfg, version, adapter, producer)
+    event = version_event(
+        cfg.model,
+        version,
+        adapter,
+        adapter_uri=uri,
+        base_fingerprint=base_fingerprint,
+        learner_step=0,
+        trajectories_consumed=consumed,
+    )
     producer.produce_event(TopicNames(cfg.run).weights, event)
 
 
@@ -61,12 +73,16 @@ class InstantLearner(BackgroundFollower):
         adapter: the adapter folder every version points at (e.g. from :func:`write_noop_adapter`).
         round_episodes: trajectories per round (the sync collectors' total number of envs).
         start_version: the version being served when it starts.
+        base_fingerprint: the base model's fingerprint put on every version ("": servers do not check it).
     """
 
     thread_name = "instant-learner"
 
-    def __init__(self, cfg: Config, adapter: Path, round_episodes: int, start_version: int = 0) -> None:
+    def __init__(
+        self, cfg: Config, adapter: Path, round_episodes: int, start_version: int = 0, base_fingerprint: str = ""
+    ) -> None:
         super().__init__()
+        self.base_fingerprint = base_fingerprint
         self.cfg = cfg
         self.adapter = adapter
         self.round_episodes = round_episodes
@@ -92,7 +108,14 @@ class InstantLearner(BackgroundFollower):
                 if in_round >= self.round_episodes:
                     self.version += 1
                     in_round = 0
-                    publish_version(self.cfg, producer, self.version, self.adapter, consumed=self.consumed)
+                    publish_version(
+                        self.cfg,
+                        producer,
+                        self.version,
+                        self.adapter,
+                        base_fingerprint=self.base_fingerprint,
+                        consumed=self.consumed,
+                    )
                     producer.flush(30.0)
                     self.published.append((self.version, time.monotonic()))
                     log.info("published version %d after %d trajectories", self.version, self.consumed)

@@ -118,13 +118,15 @@ def sample_weight_version(rng: random.Random, *, policy_id: str = "policy", vers
         policy_id=policy_id,
         version=version,
         base_model="tiny-qwen2",
-        adapter_uri=f"file:///artifacts/{policy_id}/v{version}",
+        adapter_uri=f"kafka://sample.artifacts/0/{version * 5}-{version * 5 + 4}?artifact={policy_id}/v{version:06d}"
+        "&chunks=5",
         sha256=f"{rng.getrandbits(256):064x}",
         size_bytes=rng.randrange(10_000, 10_000_000),
         created_at=utc_now(),
         learner_step=version * 20,
         trajectories_consumed=version * 160,
         metrics={"policy_loss": rng.uniform(-1, 1), "critic_loss": rng.uniform(0, 1)},
+        base_fingerprint=f"{rng.getrandbits(256):064x}",
     )
 
 

@@ -12,6 +12,7 @@ from distrl_stream.artifacts import (
     atomic_dir,
     dir_size,
     local_path,
+    model_fingerprint,
     newest_artifact_version,
     sha256_dir,
 )
@@ -94,3 +95,17 @@ def test_newest_artifact_version_counts_only_complete_version_folders(tmp_path: 
     (artifacts_dir(cfg) / "v9").mkdir()  # not the store's naming
     assert adapter_dir(cfg, 3) == tmp_path / "runs" / "r" / "artifacts" / cfg.model.policy_id / "v000003"
     assert newest_artifact_version(cfg) == 3
+
+
+def test_model_fingerprint_covers_config_and_weights_only_and_is_cached(tmp_path: Path) -> None:
+    model = _write(tmp_path / "m", {"config.json": b"{}", "model.safetensors": b"w" * 100, "tokenizer.json": b"t"})
+    cache = tmp_path / "cache" / "fingerprints.json"
+    first = model_fingerprint(model, cache)
+    assert first == model_fingerprint(_write(tmp_path / "n", {"config.json": b"{}", "model.safetensors": b"w" * 100}))
+    (model / "tokenizer.json").write_text("other")
+    assert model_fingerprint(model, cache) == first  # tokenizer files do not change the weights
+    assert str(model.resolve()) in cache.read_text()
+    (model / "model.safetensors").write_bytes(b"v" * 101)
+    assert model_fingerprint(model, cache) != first  # a changed weight file is hashed again, not read from cache
+    with pytest.raises(ArtifactError, match=r"no config\.json"):
+        model_fingerprint(tmp_path / "cache")

@@ -52,7 +52,7 @@ def test_editing_a_published_schema_fails_loading_with_what_to_do(tmp_path: Path
     schema = json.loads(path.read_text())
     schema["fields"].append({"name": "note", "type": "string", "default": ""})
     path.write_text(json.dumps(schema))
-    with pytest.raises(SchemaStoreError, match=r"no longer matches schema id 2 .*new id"):
+    with pytest.raises(SchemaStoreError, match=r"no longer matches schema id 6 .*new id"):
         SchemaStore.load(schemas)
 
 

@@ -23,7 +23,7 @@ def test_topics_create_list_describe_delete(run_config: Config) -> None:
 
     listed = runner.invoke(app, ["topics", "list", *flags])
     assert listed.exit_code == 0, listed.output
-    for kind in ("trajectories", "weights", "metrics", "dlq"):
+    for kind in ("trajectories", "weights", "artifacts", "metrics", "dlq"):
         assert f"{run_config.run}.{kind}" in listed.output
 
     described = runner.invoke(app, ["topics", "describe", *flags, "--json"])
@@ -34,7 +34,7 @@ def test_topics_create_list_describe_delete(run_config: Config) -> None:
 
     deleted = runner.invoke(app, ["topics", "delete", *flags, "--yes"])
     assert deleted.exit_code == 0, deleted.output
-    assert "deleted 4 topics" in deleted.output
+    assert "deleted 5 topics" in deleted.output
     gone = runner.invoke(app, ["topics", "describe", *flags])
     assert gone.exit_code == 1
     assert "has no topics" in gone.output

@@ -27,7 +27,7 @@ DAY_MS = 24 * 3600 * 1000
 
 def test_topic_names_are_prefixed_by_the_run() -> None:
     names = TopicNames("exp-1")
-    assert names.all() == ("exp-1.trajectories", "exp-1.weights", "exp-1.metrics", "exp-1.dlq")
+    assert names.all() == ("exp-1.trajectories", "exp-1.weights", "exp-1.artifacts", "exp-1.metrics", "exp-1.dlq")
 
 
 def test_specs_follow_the_kafka_section() -> None:
@@ -46,8 +46,9 @@ def test_ensure_run_topics_creates_the_layout_once(run_config: Config, kafka_adm
         assert ensure_run_topics(run_config, kafka_admin) == names  # idempotent
         topics = kafka_admin.topics()
         assert topics[names.trajectories] == run_config.kafka.trajectory_partitions
-        assert topics[names.weights] == topics[names.metrics] == topics[names.dlq] == 1
+        assert topics[names.weights] == topics[names.artifacts] == topics[names.metrics] == topics[names.dlq] == 1
         assert kafka_admin.describe_topic(names.weights).config["cleanup.policy"] == "compact"
+        assert kafka_admin.describe_topic(names.artifacts).config["cleanup.policy"] == "compact"
         metrics = kafka_admin.describe_topic(names.metrics).config
         assert (metrics["cleanup.policy"], metrics["retention.ms"]) == ("delete", str(7 * 24 * 3600 * 1000))
         trajectories = kafka_admin.describe_topic(names.trajectories).config

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from distrl_stream.artifacts import adapter_dir, local_path, sha256_dir
+from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.kafka.consumer import read_topic
@@ -103,7 +103,10 @@ def weight_events(cfg: Config) -> list[WeightVersionEvent]:
 
 
 def test_publish_writes_the_artifact_before_the_event(
-    learner_config: Callable[..., Config], started: Callable[[Config], Learner], monkeypatch: pytest.MonkeyPatch
+    learner_config: Callable[..., Config],
+    started: Callable[[Config], Learner],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     cfg = learner_config()
     learner = started(cfg)
@@ -111,10 +114,13 @@ def test_publish_writes_the_artifact_before_the_event(
     assert event.version == 1 and learner.version == 1
     [seen] = weight_events(cfg)
     assert seen == event
-    path = local_path(seen.adapter_uri)
-    assert path == adapter_dir(cfg, 1).resolve()
-    assert sha256_dir(path) == seen.sha256
-    assert (path / "adapter_config.json").is_file()
+    assert seen.adapter_uri.startswith(f"kafka://{TopicNames(cfg.run).artifacts}/0/")  # artifacts.store default
+    assert sha256_dir(adapter_dir(cfg, 1)) == seen.sha256
+    fetched = fetch(
+        seen.adapter_uri, tmp_path / "fetched", sha256=seen.sha256, size_bytes=seen.size_bytes, kafka=cfg.kafka
+    )
+    assert (fetched / "adapter_config.json").is_file()
+    assert seen.base_fingerprint == model_fingerprint(learner._model_dir)
 
     # A failed artifact write publishes nothing: no event may ever name a missing or partial adapter.
     def broken(folder: Path) -> None:

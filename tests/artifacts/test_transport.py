@@ -1,0 +1,234 @@
+"""The adapter transport: chunking and reassembly, verification, kafka:// URIs, the fsspec stores (memory:// and a
+real HTTP server), and the {run}.artifacts topic on a real broker (publish, fetch by URI, retention of the newest N)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import http.server
+import random
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from distrl_stream.artifacts import dir_size, fetch, publish, sha256_dir
+from distrl_stream.artifacts.transport import (
+    Chunk,
+    ChunkWriter,
+    KafkaLocation,
+    iter_chunks,
+    publish_chunks,
+)
+from distrl_stream.config import Config, load_config
+from distrl_stream.errors import ArtifactError, ArtifactIntegrityError
+from distrl_stream.kafka.admin import Admin
+from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
+
+
+def _adapter(root: Path, seed: int = 0, big: int = 5000) -> Path:
+    rng = random.Random(seed)
+    files = {
+        "adapter_config.json": b'{"r": 8}',
+        "adapter_model.safetensors": rng.randbytes(big),
+        "empty.txt": b"",
+        "sub/extra.bin": rng.randbytes(300),
+    }
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def _rebuild(chunks: list[Chunk], folder: Path, expected: int) -> Path:
+    folder.mkdir()
+    writer = ChunkWriter(folder, "policy/v000001")
+    for chunk in chunks:
+        writer.add(chunk)
+    writer.finish(expected)
+    return folder
+
+
+def test_chunks_rebuild_the_folder_byte_for_byte_in_any_order(tmp_path: Path) -> None:
+    source = _adapter(tmp_path / "a")
+    chunks = list(iter_chunks(source, 1024))
+    assert len(chunks) == 5 + 1 + 1 + 1  # 5000 B in 1 KiB pieces, 3 small files (an empty one is one empty chunk)
+    assert max(len(c.data) for c in chunks) == 1024
+    random.Random(1).shuffle(chunks)
+    rebuilt = _rebuild(chunks, tmp_path / "b", len(chunks))
+    assert sha256_dir(rebuilt) == sha256_dir(source)
+    assert (rebuilt / "empty.txt").read_bytes() == b""
+
+
+def test_a_corrupted_chunk_is_refused_by_its_own_sha256(tmp_path: Path) -> None:
+    chunks = list(iter_chunks(_adapter(tmp_path / "a"), 1024))
+    bad = chunks[2]
+    chunks[2] = dataclasses.replace(bad, data=bytes([bad.data[0] ^ 1]) + bad.data[1:])
+    with pytest.raises(ArtifactIntegrityError, match=r"adapter_model\.safetensors@1024 does not match") as info:
+        _rebuild(chunks, tmp_path / "b", len(chunks))
+    assert info.value.reason == "chunk"
+
+
+def test_a_missing_chunk_or_a_chunk_outside_the_folder_is_refused(tmp_path: Path) -> None:
+    chunks = list(iter_chunks(_adapter(tmp_path / "a"), 1024))
+    with pytest.raises(ArtifactIntegrityError, match="7 of 8 chunks arrived; incomplete files") as info:
+        _rebuild(chunks[:3] + chunks[4:], tmp_path / "b", len(chunks))
+    assert info.value.reason == "missing"
+    escape = dataclasses.replace(chunks[0], path="../outside")
+    with pytest.raises(ArtifactIntegrityError, match="out of bounds"):
+        _rebuild([escape], tmp_path / "c", 1)
+    assert not (tmp_path / "outside").exists()
+
+
+def test_kafka_uri_names_topic_partition_offsets_and_artifact() -> None:
+    where = KafkaLocation("r.artifacts", 0, 120, 131, "policy/v000007", 12)
+    assert where.uri == "kafka://r.artifacts/0/120-131?artifact=policy/v000007&chunks=12"
+    assert KafkaLocation.parse(where.uri) == where
+    for bad in (
+        "kafka://r.artifacts/0/131-120?artifact=p/v1&chunks=1",
+        "kafka://r.artifacts/0?chunks=1",
+        "s3://x/0/1-2",
+    ):
+        with pytest.raises(ArtifactError, match="malformed kafka artifact URI"):
+            KafkaLocation.parse(bad)
+
+
+def test_fetch_verifies_the_whole_folder_and_leaves_nothing_on_a_mismatch(tmp_path: Path) -> None:
+    source = _adapter(tmp_path / "a")
+    digest, size = sha256_dir(source), dir_size(source)
+    got = fetch(source.as_uri(), tmp_path / "ok", sha256=digest, size_bytes=size)
+    assert sha256_dir(got) == digest
+    with pytest.raises(ArtifactIntegrityError, match="does not match its weight-version event") as info:
+        fetch(source.as_uri(), tmp_path / "bad", sha256="0" * 64, size_bytes=size)
+    assert info.value.reason == "hash"
+    assert not (tmp_path / "bad").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a", "ok"]
+    with pytest.raises(ArtifactIntegrityError, match="does not exist") as info:
+        fetch((tmp_path / "nope").as_uri(), tmp_path / "x", sha256=digest, size_bytes=size)
+    assert info.value.reason == "missing"
+    with pytest.raises(ArtifactError, match="needs the cluster's settings"):
+        fetch("kafka://r.artifacts/0/1-2?artifact=p/v000001&chunks=2", tmp_path / "y", sha256=digest, size_bytes=1)
+
+
+def test_file_store_publishes_the_learners_own_folder(tmp_path: Path) -> None:
+    cfg = load_config(None, artifacts={"store": "file"}, data_dir=tmp_path)
+    source = _adapter(tmp_path / "a")
+    assert publish(cfg, 1, source) == source.resolve().as_uri()
+
+
+def test_fsspec_store_uploads_under_run_policy_version_and_fetches_back(tmp_path: Path) -> None:
+    cfg = load_config(None, run="r1", artifacts={"store": "memory://bucket/prefix/"}, data_dir=tmp_path)
+    source = _adapter(tmp_path / "a")
+    uri = publish(cfg, 3, source)
+    assert uri == "memory://bucket/prefix/r1/policy/v000003"
+    got = fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source))
+    assert sha256_dir(got) == sha256_dir(source)
+    with pytest.raises(ArtifactIntegrityError, match="does not exist"):
+        fetch(uri.replace("v000003", "v000004"), tmp_path / "c", sha256=sha256_dir(source), size_bytes=1)
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A real read-only HTTP server (stdlib, directory listings on) serving a fresh folder."""
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_fsspec_fetch_over_a_real_http_server(http_root: tuple[Path, str], tmp_path: Path) -> None:
+    root, url = http_root
+    source = _adapter(tmp_path / "a")
+    shutil.copytree(source, root / "run" / "policy" / "v000001")  # what an upload to the web root leaves
+    uri = f"{url}/run/policy/v000001"
+    got = fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source))
+    assert sha256_dir(got) == sha256_dir(source)
+    assert (got / "sub" / "extra.bin").read_bytes() == (source / "sub" / "extra.bin").read_bytes()
+    with pytest.raises(ArtifactIntegrityError) as info:
+        fetch(f"{url}/run/policy/v000009", tmp_path / "c", sha256=sha256_dir(source), size_bytes=1)
+    assert info.value.reason == "missing"
+
+
+@pytest.fixture
+def artifacts_config(make_config: Callable[..., Config], kafka_admin: Admin) -> Iterator[Config]:
+    cfg = make_config(artifacts={"chunk_bytes": 1024, "keep_versions": 2})
+    ensure_run_topics(cfg, kafka_admin)
+    yield cfg
+    delete_run_topics(cfg, kafka_admin)
+
+
+@pytest.mark.kafka
+def test_kafka_store_round_trip_reads_exactly_the_versions_offsets(artifacts_config: Config, tmp_path: Path) -> None:
+    cfg = artifacts_config
+    first, second = _adapter(tmp_path / "a", seed=1), _adapter(tmp_path / "b", seed=2, big=3000)
+    with Producer(cfg.kafka) as producer:
+        uri1 = publish(cfg, 1, first, producer)
+        uri2 = publish(cfg, 2, second, producer)
+    one, two = KafkaLocation.parse(uri1), KafkaLocation.parse(uri2)
+    assert (one.topic, one.partition, one.first, one.last, one.chunks) == (TopicNames(cfg.run).artifacts, 0, 0, 7, 8)
+    assert (two.first, two.last, two.artifact) == (8, 13, "policy/v000002")
+    for uri, source, dest in ((uri1, first, "f1"), (uri2, second, "f2")):
+        got = fetch(uri, tmp_path / dest, sha256=sha256_dir(source), size_bytes=dir_size(source), kafka=cfg.kafka)
+        assert sha256_dir(got) == sha256_dir(source)
+
+
+@pytest.mark.kafka
+def test_kafka_store_refuses_a_corrupted_chunk(artifacts_config: Config, tmp_path: Path) -> None:
+    cfg = artifacts_config
+    source = _adapter(tmp_path / "a")
+    chunks = list(iter_chunks(source, 1024))
+    chunks[1] = dataclasses.replace(chunks[1], data=b"x" * len(chunks[1].data))  # damaged after hashing
+    with Producer(cfg.kafka) as producer:
+        where = publish_chunks(cfg, producer, 1, iter(chunks))
+    with pytest.raises(ArtifactIntegrityError, match=r"chunk adapter_model\.safetensors@0 does not match") as info:
+        fetch(where.uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source), kafka=cfg.kafka)
+    assert info.value.reason == "chunk" and not (tmp_path / "b").exists()
+
+
+@pytest.mark.kafka
+def test_artifacts_topic_keeps_only_the_newest_versions(
+    make_config: Callable[..., Config], kafka_admin: Admin, tmp_path: Path
+) -> None:
+    # Chunks of ~0.6 MiB in 1 MiB segments (Kafka's smallest): the log rolls every other chunk, so the cleaner sees
+    # all but the newest version's last chunk. Otherwise the production layout.
+    cfg = make_config(artifacts={"chunk_bytes": 600 * 1024, "keep_versions": 2})
+    spec = next(s for s in run_topic_specs(cfg.run, cfg.kafka) if s.name == TopicNames(cfg.run).artifacts)
+    fast = {"segment.bytes": str(1024 * 1024), "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "0"}
+    kafka_admin.create_topics([dataclasses.replace(spec, config={**spec.config, **fast})])
+    sources = [_adapter(tmp_path / f"v{v}", seed=v, big=1100 * 1024) for v in (1, 2, 3, 4)]
+    try:
+        with Producer(cfg.kafka) as producer:
+            uris = [publish(cfg, v, sources[v - 1], producer) for v in (1, 2, 3, 4)]
+
+        def fetch_version(v: int) -> Path:
+            source = sources[v - 1]
+            dest = tmp_path / f"got-{v}-{time.monotonic_ns()}"
+            return fetch(uris[v - 1], dest, sha256=sha256_dir(source), size_bytes=dir_size(source), kafka=cfg.kafka)
+
+        deadline = time.monotonic() + 45
+        while True:
+            try:
+                fetch_version(1)
+            except ArtifactIntegrityError as exc:
+                assert exc.reason == "missing"
+                break
+            assert time.monotonic() < deadline, "version 1 still readable: compaction did not remove it"
+        for v in (3, 4):  # the newest keep_versions = 2 stay whole
+            assert sha256_dir(fetch_version(v)) == sha256_dir(sources[v - 1])
+    finally:
+        kafka_admin.delete_topics([spec.name])
