@@ -53,6 +53,9 @@ def test_trajectory_round_trip_keeps_optional_fields_enums_and_tensors() -> None
             "action": "",
             "invalid_reason": "unparseable JSON",
             "candidates": [],
+            "policy_version": 3,
+            "server": "http://gpu-1:8000",
+            "adapter_sha256": "cd" * 32,
         }
     )
     event = TrajectoryEvent(
@@ -84,6 +87,21 @@ def test_metric_written_with_version_1_reads_with_version_2_and_gets_the_default
     )
 
 
+def test_trajectory_written_with_version_1_reads_with_version_2_and_gets_empty_server_fields() -> None:
+    v1 = default_store().by_id(1)
+    assert v1 is not None and v1.name == "distrl.TrajectoryEvent" and v1.version == 1
+    event = sample_trajectory(random.Random(4), steps=2, policy_version=2)
+    old = event.to_avro()
+    for step in old["steps"]:
+        del step["server"], step["adapter_sha256"]
+    body = io.BytesIO()
+    schemaless_writer(body, v1.parsed, old)
+    decoded = decode(b"\x00" + struct.pack(">I", v1.id) + body.getvalue(), expect=TrajectoryEvent)
+    assert [(s.server, s.adapter_sha256) for s in decoded.steps] == [("", None), ("", None)]
+    assert [s.policy_version for s in decoded.steps] == [2, 2]
+    assert decoded.steps[0].observation == event.steps[0].observation
+
+
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
@@ -110,7 +128,7 @@ def test_truncated_record_raises_truncated(keep: float) -> None:
     with pytest.raises(EventDecodeError) as info:
         decode(data[:cut])
     assert info.value.reason == "truncated"
-    assert info.value.schema_id == 1
+    assert info.value.schema_id == Serde().schema_id(TrajectoryEvent)
 
 
 def test_bytes_after_the_record_are_an_error() -> None:
@@ -154,9 +172,16 @@ def test_confluent_avro_deserializer_reads_what_we_write(cls: type) -> None:
     from confluent_kafka.serialization import MessageField, SerializationContext
 
     # An empty mock registry numbers schemas 1, 2, ... in registration order: registering ours in id order
-    # gives it exactly our ids (the same procedure seeds a real, empty Schema Registry).
+    # gives it exactly our ids (the same procedure seeds a real, empty Schema Registry). An id this build does not
+    # know (assigned to a version another build adds) is held by a placeholder.
     registry = SchemaRegistryClient.new_client({"url": "mock://distrl-test"})
+    next_id = 1
     for entry in default_store():
+        for unknown in range(next_id, entry.id):
+            registry.register_schema(
+                f"unknown-{unknown}", Schema(f'{{"type":"fixed","name":"U{unknown}","size":1}}', "AVRO")
+            )
+        next_id = entry.id + 1
         assert registry.register_schema(f"{entry.name}-v{entry.version}", Schema(entry.schema_str, "AVRO")) == entry.id
     event = SAMPLES[cls](random.Random(11))
     record = AvroDeserializer(registry)(encode(event), SerializationContext("t", MessageField.VALUE))
