@@ -141,6 +141,10 @@ class InferenceClient:
     """Async client of one or several policy servers. Safe to share between many concurrent tasks of one event loop.
 
     Use as an async context manager, or call :meth:`aclose` when done.
+
+    Attributes:
+        servers: the pool, in configuration order, with each server's counts and listed versions (read-only to
+            callers; the collector's Prometheus metrics read them).
     """
 
     def __init__(
