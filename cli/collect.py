@@ -20,8 +20,15 @@ def collect(
     mode: Annotated[str | None, field_option("collector.mode", "--mode")] = None,
     env: Annotated[str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android.")] = None,
     action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,
-    inference_url: Annotated[
-        str | None, field_option("inference.url", "--inference-url", help="None: the inference section's host:port.")
+    inference_urls: Annotated[
+        list[str] | None,
+        field_option(
+            "inference.urls",
+            "--inference-url",
+            help="Repeat the flag for several servers. Absent: the config's inference.urls, else inference.url, "
+            "else its host:port.",
+            metavar="URL",
+        ),
     ] = None,
     bootstrap: BootstrapOption = None,
     split: Annotated[str | None, field_option("collector.split", "--split")] = None,
@@ -52,7 +59,7 @@ def collect(
         config,
         run=run,
         kafka={"bootstrap_servers": bootstrap},
-        inference={"url": inference_url, "mode": action_mode},
+        inference={"urls": inference_urls, "mode": action_mode},
         env={"kind": env, "latency": latency},
         collector={
             "envs": envs,

@@ -396,6 +396,12 @@ class InferenceConfig(Section):
     url: str | None = Field(
         None, description="Base URL of an already running server (e.g. http://gpu-host:8000); overrides host/port."
     )
+    urls: list[str] = Field(
+        default_factory=list,
+        description="Base URLs of several running servers; a client spreads its requests over them (fewest in "
+        "flight) and moves on to another when one fails. Overrides url and host/port; empty: the one server of url "
+        "(or host:port). `collect --inference-url` (repeatable) sets it.",
+    )
     api_key: SecretStr | None = Field(
         None,
         description="Key the server requires on every /v1 request (vLLM --api-key) and every client sends as "
@@ -433,8 +439,20 @@ class InferenceConfig(Section):
         default_factory=lambda: ["\n"], description="Free mode: stop strings (an action is one line)."
     )
     request_timeout_s: float = Field(30.0, gt=0, description="Timeout of one HTTP request to the server.")
-    retries: int = Field(2, ge=0, description="Retries of a failed request (connection error, timeout, 5xx).")
-    retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay; doubles on each retry.")
+    retries: int = Field(
+        2,
+        ge=0,
+        description="Further rounds of attempts when every server failed a request (connection error, timeout, 5xx).",
+    )
+    retry_backoff_s: float = Field(
+        0.5, ge=0, description="Delay before the next round of attempts when every server failed; doubles each round."
+    )
+    server_backoff_s: float = Field(
+        1.0, ge=0, description="A failed server gets no new request for this long (unless every other one failed)."
+    )
+    server_backoff_max_s: float = Field(
+        30.0, ge=0, description="The failed server's backoff doubles on each consecutive failure, up to this."
+    )
     max_connections: int = Field(64, ge=1, description="Concurrent HTTP connections of one client.")
     version_poll_s: float = Field(
         2.0, gt=0, description="How often a client re-reads /v1/models to switch to the newest loaded version."
@@ -447,10 +465,25 @@ class InferenceConfig(Section):
         "interfaces (0: a free port, logged; None: off). docs/monitor.md lists the metrics.",
     )
 
+    @field_validator("urls", mode="after")
+    @classmethod
+    def _http_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{url!r} is not an http(s):// base URL (e.g. http://gpu-host:8000)")
+        if len(set(urls)) != len(urls):
+            raise ValueError("lists a server twice")
+        return [url.rstrip("/") for url in urls]
+
     @property
     def base_url(self) -> str:
-        """Where clients send requests."""
+        """The one server of ``url`` (or host:port): where `serve` listens and a single-server client connects."""
         return (self.url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """Where clients send requests: ``urls``, or else the one server of ``base_url``."""
+        return tuple(self.urls) or (self.base_url,)
 
 
 class EnvConfig(Section):

@@ -233,6 +233,8 @@ class LocalStack:
                 "DISTRL_INFERENCE__HOST": self.cfg.inference.host,
                 "DISTRL_INFERENCE__PORT": str(port),
                 "DISTRL_INFERENCE__URL": self.server_url,
+                # The collectors act with up's own server, whatever servers the config file lists.
+                "DISTRL_INFERENCE__URLS": "[]",
             }
         )
         stage("vLLM server", "start")

@@ -81,6 +81,8 @@ STEP_SCHEMA = pa.schema(
         ("policy_version", pa.int64()),
         ("inference_latency_s", pa.float64()),
         ("env_latency_s", pa.float64()),
+        ("server", pa.string()),
+        ("adapter_sha256", pa.string()),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
     ]
@@ -153,6 +155,8 @@ def step_rows(record: TrajectoryRecord) -> Iterator[dict[str, Any]]:
             "policy_version": s.policy_version,
             "inference_latency_s": s.inference_latency_s,
             "env_latency_s": s.env_latency_s,
+            "server": s.server,
+            "adapter_sha256": s.adapter_sha256,
             "partition": record.partition,
             "offset": record.offset,
         }

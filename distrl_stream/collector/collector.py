@@ -156,6 +156,7 @@ class Collector:
             self.stats,
             in_flight=lambda: self.in_flight,
             served_version=lambda: self._client.version if self._client is not None else None,
+            servers=lambda: self._client.servers if self._client is not None else (),
             policy_lag=self._policy_lag,
         )
 
@@ -217,7 +218,7 @@ class Collector:
             self.cfg.env.kind,
             settings.mode,
             self.mode,
-            self._client.base_url,
+            ", ".join(self._client.urls),
             self.cfg.run,
         )
         background += [

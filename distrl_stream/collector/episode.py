@@ -202,6 +202,8 @@ async def run_episode(
             policy_version=action.version,
             inference_latency_s=action.latency_s,
             env_latency_s=info.latency_s,
+            server=action.server,
+            adapter_sha256=action.adapter_sha256,
         )
         steps.append(step)
         previous.append(action.text)

@@ -128,6 +128,8 @@ class Step:
     policy_version: int
     inference_latency_s: float
     env_latency_s: float
+    server: str = ""
+    adapter_sha256: str | None = None
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""

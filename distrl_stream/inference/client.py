@@ -1,9 +1,18 @@
-"""Async client of the policy server: many collectors share one server, which batches their requests.
+"""Async client of the policy servers: many collectors share one or several servers, which batch their requests.
 
-Every answer says which policy version produced it and with which log-probabilities, so the learner can correct for
-staleness. The client always asks for the newest version the server has loaded: it re-reads ``/v1/models``
-(a cheap listing) at most every ``version_poll_s`` seconds, or when :meth:`InferenceClient.refresh_versions` is
-called, and picks the highest ``<policy_id>-v<N>``; version 0 is the base model.
+Every answer says which server produced it, with which policy version and adapter, and with which log-probabilities,
+so the learner can correct for staleness and nobody has to trust that an update reached the rollouts.
+
+- **Several servers.** The client holds a pool of servers (``inference.urls``, or the one of ``inference.url``). Each
+  request goes to the server with the fewest requests in flight; when that server fails (connection refused or reset,
+  timeout, 5xx) the same request moves on to another, and the failed server gets no new request for a backoff
+  (``server_backoff_s``, doubling per consecutive failure up to ``server_backoff_max_s``) unless every other server
+  failed too. Only when every server failed, ``retries`` rounds in a row, does the request fail.
+- **Versions per server.** Each server's ``/v1/models`` (re-read at most every ``version_poll_s`` seconds, or by
+  :meth:`InferenceClient.refresh_versions`) lists what it loaded: served names ``<policy_id>-v<N>`` (0 = the base
+  model), each LoRA with its ``root`` path. A request asks a server for the newest version *that server* loaded; the
+  answer's version is read from the response's ``model`` and its adapter sha256 from that server's listing, so a
+  collector never records a version the server did not load.
 """
 
 from __future__ import annotations
@@ -13,7 +22,7 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
 import httpx
@@ -26,6 +35,9 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["choice", "free"]
 
+# The weight watcher stages each verified adapter as <served name>-<sha256>, so the listing's root names it.
+_ROOT_SHA256 = re.compile(r"-([0-9a-f]{64})$")
+
 
 def auth_headers(api_key: SecretStr | None) -> dict[str, str]:
     """The headers of a request to a server started with ``inference.api_key`` (none when it has no key)."""
@@ -37,9 +49,19 @@ def served_name(policy_id: str, version: int) -> str:
     return f"{policy_id}-v{version}"
 
 
+def root_sha256(root: str) -> str | None:
+    """The adapter sha256 named by a served LoRA's ``root`` (its staging folder ``<served name>-<sha256>``).
+
+    Returns:
+        The 64 lowercase hex digits that end the folder name, or None when the name does not end with them.
+    """
+    match = _ROOT_SHA256.search(root.rstrip("/").rsplit("/", 1)[-1])
+    return match.group(1) if match else None
+
+
 @dataclass(frozen=True)
 class ActionResult:
-    """One action sampled by the server.
+    """One action sampled by a server.
 
     Attributes:
         text: the action text (in choice mode, exactly one of the candidates).
@@ -49,11 +71,14 @@ class ActionResult:
             choice mask).
         logprob: their sum, log μ(a|s).
         prompt_token_ids: how the server tokenised the prompt.
-        model: the served name that produced it (``<policy_id>-v<N>``).
-        version: the policy version N (0 = the base model).
+        model: the served name that produced it (``<policy_id>-v<N>``), from the server's answer.
+        version: the policy version N of ``model`` (0 = the base model).
         mode: ``choice`` or ``free``.
         finish_reason: ``stop`` (stop token or stop string) or ``length`` (hit max_tokens).
-        latency_s: wall time of the request that succeeded, retries excluded.
+        latency_s: wall time of the request that succeeded, failed attempts excluded.
+        server: base URL of the server that answered ("" when no server did, e.g. a scripted policy).
+        adapter_sha256: sha256 of the adapter that server lists for ``model`` (None for the base model, or when its
+            listing does not name one).
     """
 
     text: str
@@ -67,67 +92,131 @@ class ActionResult:
     mode: Mode
     finish_reason: str
     latency_s: float
+    server: str = ""
+    adapter_sha256: str | None = None
+
+
+@dataclass(eq=False)
+class Server:
+    """One policy server of a client's pool, as the client last saw it.
+
+    Attributes:
+        url: its base URL.
+        adapters: the versions it lists in ``/v1/models`` → the sha256 of each one's adapter (None for the base model
+            or an unnamed one); empty until first read.
+        in_flight: requests to it not yet answered.
+        requests: requests sent to it.
+        failures: attempts that failed on it (connection error, timeout, 5xx).
+        failovers: failed attempts after which the request moved on to another server.
+        retry_at: monotonic time before which it gets no new request unless every other server failed too.
+    """
+
+    url: str
+    http: httpx.AsyncClient
+    adapters: dict[int, str | None] = field(default_factory=dict)
+    in_flight: int = 0
+    requests: int = 0
+    failures: int = 0
+    failovers: int = 0
+    retry_at: float = float("-inf")
+    refreshed_at: float = float("-inf")
+    consecutive_failures: int = 0
+    refresh_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def newest(self) -> int | None:
+        """The newest version it serves (None until its listing was read)."""
+        return max(self.adapters) if self.adapters else None
+
+    def backing_off(self, now: float) -> bool:
+        """Whether it failed recently enough to be tried only after every other server."""
+        return now < self.retry_at
+
+
+class _ServerFailed(Exception):
+    """One attempt on one server failed in a way another server may not (transport error, timeout, 5xx)."""
 
 
 class InferenceClient:
-    """Async client of one policy server. Safe to share between many concurrent tasks of one event loop.
+    """Async client of one or several policy servers. Safe to share between many concurrent tasks of one event loop.
 
     Use as an async context manager, or call :meth:`aclose` when done.
+
+    Attributes:
+        servers: the pool, in configuration order, with each server's counts and listed versions (read-only to
+            callers; the collector's Prometheus metrics read them).
     """
 
-    def __init__(self, cfg: InferenceConfig, policy_id: str = "policy", *, base_url: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: InferenceConfig,
+        policy_id: str = "policy",
+        *,
+        base_url: str | None = None,
+    ) -> None:
         """Args:
-        cfg: timeouts, retries, mode and sampling settings.
+        cfg: servers (``server_urls``), timeouts, retries, mode and sampling settings.
         policy_id: the policy whose versions to ask for.
-        base_url: server URL; default ``cfg.base_url``.
+        base_url: one server to use instead of ``cfg.server_urls``.
         """
         self.cfg = cfg
         self.policy_id = policy_id
-        self.base_url = (base_url or cfg.base_url).rstrip("/")
+        urls = (base_url.rstrip("/"),) if base_url else cfg.server_urls
         self._version_re = re.compile(rf"^{re.escape(policy_id)}-v(\d+)$")
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            timeout=httpx.Timeout(cfg.request_timeout_s),
-            headers=auth_headers(cfg.api_key),
-            limits=httpx.Limits(max_connections=cfg.max_connections, max_keepalive_connections=cfg.max_connections),
-        )
+        self.servers = tuple(Server(url, self._http_client(url)) for url in urls)
         self._version = 0
-        self._versions: tuple[int, ...] = ()
-        self._refreshed_at = float("-inf")
-        self._refresh_lock = asyncio.Lock()
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The servers' base URLs, in configuration order."""
+        return tuple(s.url for s in self.servers)
 
     @property
     def version(self) -> int:
-        """The newest policy version the server was last seen serving (0 until a newer one is loaded)."""
-        return self._version
+        """The newest version every reachable server was last seen serving (0 until a newer one is loaded).
 
-    @property
-    def loaded_versions(self) -> tuple[int, ...]:
-        """All versions the server was last seen serving, ascending."""
-        return self._versions
+        A server backing off after a failure does not hold it back; each request still acts with the newest version
+        of the server that answers it.
+        """
+        now = time.monotonic()
+        newest = [s.newest for s in self.servers if s.newest is not None and not s.backing_off(now)]
+        if newest:
+            self._version = min(newest)
+        return self._version
 
     async def refresh_versions(self) -> int:
-        """Read ``/v1/models`` now and return the newest loaded version.
+        """Read every server's ``/v1/models`` now and return :attr:`version`.
+
+        A server that cannot be read is backed off; the others answer for the pool.
 
         Raises:
-            InferenceUnavailableError: the server cannot be reached after the configured retries.
-            InferenceError: the server has no model of this policy.
+            InferenceUnavailableError: no server can be reached after the configured retries.
+            InferenceError: no reachable server serves a version of this policy.
         """
-        body = await self._request("GET", "/v1/models")
-        versions = sorted(
-            int(m.group(1)) for item in body.get("data", []) if (m := self._version_re.match(str(item.get("id", ""))))
-        )
-        if not versions:
+        delay = self.cfg.retry_backoff_s
+        errors: dict[str, str] = {}
+        pending = list(self.servers)
+        for attempt in range(self.cfg.retries + 1):
+            if attempt:
+                await asyncio.sleep(delay)
+                delay *= 2
+            results = await asyncio.gather(*(self._refresh(s) for s in pending), return_exceptions=True)
+            for server, result in zip(pending, results, strict=True):
+                if isinstance(result, _ServerFailed):
+                    self._failed(server)
+                    errors[server.url] = str(result)
+                elif isinstance(result, BaseException):
+                    raise result
+            if any(not isinstance(r, BaseException) for r in results):
+                break
+        else:
+            raise InferenceUnavailableError(self._unavailable("GET /v1/models", errors))
+        if all(s.newest is None for s in self.servers):
             raise InferenceError(
-                f"server {self.base_url} serves no version of policy {self.policy_id!r} "
+                f"servers {', '.join(self.urls)} serve no version of policy {self.policy_id!r} "
                 f"(expected names like {served_name(self.policy_id, 0)!r})"
             )
-        if versions[-1] != self._version:
-            log.info("policy %s: now serving version %d (was %d)", self.policy_id, versions[-1], self._version)
-        self._versions = tuple(versions)
-        self._version = versions[-1]
-        self._refreshed_at = time.monotonic()
-        return self._version
+        return self.version
 
     async def act(
         self,
@@ -136,7 +225,7 @@ class InferenceClient:
         *,
         mode: Mode | None = None,
     ) -> ActionResult:
-        """Sample one action from the newest loaded policy version.
+        """Sample one action from the newest version loaded on the server chosen for it.
 
         Args:
             prompt: from :func:`distrl_stream.policy.prompt.build_prompt`.
@@ -144,18 +233,17 @@ class InferenceClient:
             mode: ``choice`` or ``free``; default ``cfg.mode``.
 
         Returns:
-            The action with its token ids, log-probs, version and latency.
+            The action with its token ids, log-probs, server, version, adapter sha256 and latency.
 
         Raises:
-            InferenceRequestError: the server rejected the request (e.g. prompt longer than max_model_len).
-            InferenceUnavailableError: unreachable, timing out or failing after the configured retries.
+            InferenceRequestError: a server rejected the request (e.g. prompt longer than max_model_len).
+            InferenceUnavailableError: every server unreachable, timing out or failing, after the configured retries.
             InferenceError: choice mode without candidates, or an answer that is not one of them.
         """
         mode = mode or self.cfg.mode
         choices = list(candidates or ()) if mode == "choice" else None
         if choices is not None and not choices:
             raise InferenceError("choice mode needs at least one candidate action")
-        await self._maybe_refresh()
         payload: dict[str, Any] = {
             "prompt": prompt,
             "temperature": self.cfg.temperature,
@@ -175,23 +263,33 @@ class InferenceClient:
             payload["max_tokens"] = self.cfg.max_tokens
             payload["stop"] = list(self.cfg.free_stop)
 
-        version = self._version
-        try:
-            body, latency = await self._completion(payload, version)
-        except InferenceRequestError as exc:
-            # The version we asked for was retired between two refreshes: move to the newest and ask again.
-            if exc.status_code != 404 or version == 0:
-                raise
-            version = await self.refresh_versions()
-            body, latency = await self._completion(payload, version)
-        result = _parse_completion(body, version, mode, latency)
-        if choices is not None and (result.finish_reason != "stop" or result.text not in choices):
-            raise InferenceError(f"server answered {result.text!r}, not one of the {len(choices)} candidates")
-        return result
+        delay = self.cfg.retry_backoff_s
+        errors: dict[str, str] = {}
+        for attempt in range(self.cfg.retries + 1):
+            if attempt:
+                await asyncio.sleep(delay)
+                delay *= 2
+            order = self._preference()
+            for i, server in enumerate(order):
+                try:
+                    result = await self._act_on(server, payload, mode)
+                except _ServerFailed as exc:
+                    self._failed(server)
+                    errors[server.url] = str(exc)
+                    if i + 1 < len(order):
+                        server.failovers += 1
+                        log.warning("server %s failed (%s): moving on to %s", server.url, exc, order[i + 1].url)
+                    continue
+                if choices is not None and (result.finish_reason != "stop" or result.text not in choices):
+                    raise InferenceError(
+                        f"server {server.url} answered {result.text!r}, not one of the {len(choices)} candidates"
+                    )
+                return result
+        raise InferenceUnavailableError(self._unavailable("POST /v1/completions", errors))
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
-        await self._http.aclose()
+        """Close the connection pools."""
+        await asyncio.gather(*(s.http.aclose() for s in self.servers))
 
     async def __aenter__(self) -> Self:
         return self
@@ -199,50 +297,139 @@ class InferenceClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _maybe_refresh(self) -> None:
-        if time.monotonic() - self._refreshed_at < self.cfg.version_poll_s:
-            return
-        # One refresh at a time; the others go on with the version they know.
-        if self._refresh_lock.locked():
-            return
-        async with self._refresh_lock:
-            await self.refresh_versions()
+    def _http_client(self, url: str) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=url,
+            timeout=httpx.Timeout(self.cfg.request_timeout_s),
+            headers=auth_headers(self.cfg.api_key),
+            limits=httpx.Limits(
+                max_connections=self.cfg.max_connections, max_keepalive_connections=self.cfg.max_connections
+            ),
+        )
 
-    async def _completion(self, payload: dict[str, Any], version: int) -> tuple[dict[str, Any], float]:
+    def _preference(self) -> list[Server]:
+        """The order to try servers in: healthy ones by fewest in flight (then fewest sent), then backed-off ones by
+        how soon their backoff ends."""
+        now = time.monotonic()
+        return sorted(
+            self.servers,
+            key=lambda s: (s.backing_off(now), s.retry_at if s.backing_off(now) else 0.0, s.in_flight, s.requests),
+        )
+
+    def _failed(self, server: Server) -> None:
+        server.failures += 1
+        server.consecutive_failures += 1
+        backoff = self.cfg.server_backoff_s * 2 ** (server.consecutive_failures - 1)
+        server.retry_at = time.monotonic() + min(backoff, self.cfg.server_backoff_max_s)
+
+    async def _act_on(self, server: Server, payload: dict[str, Any], mode: Mode) -> ActionResult:
+        """One attempt on one server: the newest version it loaded, recorded as its answer names it."""
+        server.in_flight += 1
+        server.requests += 1
+        try:
+            await self._ensure_versions(server)
+            version = server.newest
+            if version is None:
+                raise _ServerFailed(f"serves no version of policy {self.policy_id!r}")
+            try:
+                body, latency = await self._completion(server, payload, version)
+            except InferenceRequestError as exc:
+                # The version we asked for was retired between two refreshes: move to its newest and ask again.
+                if exc.status_code != 404 or version == 0:
+                    raise
+                await self._refresh(server)
+                version = server.newest
+                if version is None:
+                    raise _ServerFailed(f"serves no version of policy {self.policy_id!r}") from None
+                body, latency = await self._completion(server, payload, version)
+        finally:
+            server.in_flight -= 1
+        server.consecutive_failures = 0
+        server.retry_at = float("-inf")
+        answered = self._answered_version(server, body)
+        if answered not in server.adapters:
+            await self._refresh(server)  # loaded since we last read the listing
+            if answered not in server.adapters:
+                raise InferenceError(
+                    f"server {server.url} answered with {body.get('model')!r}, which its /v1/models does not list"
+                )
+        return _parse_completion(body, answered, mode, latency, server.url, server.adapters[answered])
+
+    async def _ensure_versions(self, server: Server) -> None:
+        """Re-read the server's listing when it is older than ``version_poll_s``; one refresh at a time per server,
+        the other requests going on with the listing they know (waiting only when there is none yet)."""
+        if time.monotonic() - server.refreshed_at < self.cfg.version_poll_s:
+            return
+        if server.refresh_lock.locked() and server.adapters:
+            return
+        async with server.refresh_lock:
+            if time.monotonic() - server.refreshed_at >= self.cfg.version_poll_s:
+                await self._refresh(server)
+
+    async def _refresh(self, server: Server) -> None:
+        body = await self._request(server, "GET", "/v1/models")
+        adapters: dict[int, str | None] = {}
+        for item in body.get("data", []):
+            match = self._version_re.match(str(item.get("id", "")))
+            if match:
+                version = int(match.group(1))
+                adapters[version] = root_sha256(str(item.get("root") or "")) if version else None
+        if adapters and server.adapters and max(adapters) != max(server.adapters):
+            log.info(
+                "policy %s on %s: now serving version %d (was %d)",
+                self.policy_id,
+                server.url,
+                max(adapters),
+                max(server.adapters),
+            )
+        server.adapters = adapters
+        server.refreshed_at = time.monotonic()
+
+    def _answered_version(self, server: Server, body: dict[str, Any]) -> int:
+        match = self._version_re.match(str(body.get("model", "")))
+        if match is None:
+            raise InferenceError(
+                f"server {server.url} answered with model {body.get('model')!r}, not a version of {self.policy_id!r}"
+            )
+        return int(match.group(1))
+
+    async def _completion(self, server: Server, payload: dict[str, Any], version: int) -> tuple[dict[str, Any], float]:
         started = time.monotonic()
         body = await self._request(
-            "POST", "/v1/completions", {**payload, "model": served_name(self.policy_id, version)}
+            server, "POST", "/v1/completions", {**payload, "model": served_name(self.policy_id, version)}
         )
         return body, time.monotonic() - started
 
-    async def _request(self, method: str, path: str, payload: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One HTTP call with bounded retries: at most (retries + 1) attempts of request_timeout_s each."""
-        delay = self.cfg.retry_backoff_s
-        last: Exception | None = None
-        for attempt in range(self.cfg.retries + 1):
-            if attempt:
-                await asyncio.sleep(delay)
-                delay *= 2
-            try:
-                response = await self._http.request(method, path, json=payload)
-            except httpx.TransportError as exc:  # connection refused/reset, timeouts
-                last = exc
-                continue
-            if response.status_code >= 500:
-                last = InferenceUnavailableError(f"HTTP {response.status_code}: {_error_message(response)}")
-                continue
-            if response.status_code == 401:
-                raise InferenceRequestError(
-                    f"{self.base_url} wants an API key: set inference.api_key (DISTRL_INFERENCE__API_KEY) to the "
-                    "server's key",
-                    401,
-                )
-            if response.status_code >= 400:
-                raise InferenceRequestError(_error_message(response), response.status_code)
-            return response.json()
-        raise InferenceUnavailableError(
-            f"{method} {self.base_url}{path} failed after {self.cfg.retries + 1} attempts "
-            f"(timeout {self.cfg.request_timeout_s:g}s each): {type(last).__name__}: {last}"
+    async def _request(
+        self, server: Server, method: str, path: str, payload: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """One HTTP call to one server.
+
+        Raises:
+            _ServerFailed: connection refused or reset, timeout, or 5xx.
+            InferenceRequestError: any other error status.
+        """
+        try:
+            response = await server.http.request(method, path, json=payload)
+        except httpx.TransportError as exc:  # connection refused/reset, timeouts
+            raise _ServerFailed(f"{type(exc).__name__}: {exc}") from None
+        if response.status_code >= 500:
+            raise _ServerFailed(f"HTTP {response.status_code}: {_error_message(response)}")
+        if response.status_code == 401:
+            raise InferenceRequestError(
+                f"{server.url} wants an API key: set inference.api_key (DISTRL_INFERENCE__API_KEY) to the server's key",
+                401,
+            )
+        if response.status_code >= 400:
+            raise InferenceRequestError(_error_message(response), response.status_code)
+        return response.json()
+
+    def _unavailable(self, what: str, errors: dict[str, str]) -> str:
+        attempts = self.cfg.retries + 1
+        detail = "; ".join(f"{url}: {error}" for url, error in errors.items())
+        return (
+            f"{what} failed on every server after {attempts} attempts "
+            f"(timeout {self.cfg.request_timeout_s:g}s each): {detail}"
         )
 
 
@@ -255,7 +442,9 @@ def _error_message(response: httpx.Response) -> str:
     return str(error.get("message", error) if isinstance(error, dict) else error)[:500]
 
 
-def _parse_completion(body: dict[str, Any], version: int, mode: Mode, latency: float) -> ActionResult:
+def _parse_completion(
+    body: dict[str, Any], version: int, mode: Mode, latency: float, server: str, adapter_sha256: str | None
+) -> ActionResult:
     try:
         choice = body["choices"][0]
         logprobs = choice["logprobs"]
@@ -275,6 +464,8 @@ def _parse_completion(body: dict[str, Any], version: int, mode: Mode, latency: f
             mode=mode,
             finish_reason=str(choice.get("finish_reason")),
             latency_s=latency,
+            server=server,
+            adapter_sha256=adapter_sha256,
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise InferenceError(

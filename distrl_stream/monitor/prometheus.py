@@ -21,7 +21,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
@@ -35,6 +35,7 @@ from distrl_stream.events import Termination
 
 if TYPE_CHECKING:  # the roles import this module; it only reads their objects
     from distrl_stream.collector.stats import CollectorStats
+    from distrl_stream.inference.client import Server
     from distrl_stream.learner.role import Counters
 
 log = logging.getLogger(__name__)
@@ -160,8 +161,9 @@ class CollectorMetrics(RoleMetrics):
         collector_id: the collector.
         stats: its :class:`~distrl_stream.collector.stats.CollectorStats` (read at scrape time).
         in_flight: episodes running now.
-        served_version: the newest version the server serves, as the collector last read it.
+        served_version: the newest version every reachable server serves, as the collector last read it.
         policy_lag: served version behind the learner's newest (None unless ``pause_above_policy_lag`` is set).
+        servers: the inference client's server pool (requests and failovers per server).
     """
 
     def __init__(
@@ -173,6 +175,7 @@ class CollectorMetrics(RoleMetrics):
         in_flight: Callable[[], int],
         served_version: Callable[[], int | None],
         policy_lag: Callable[[], int | None],
+        servers: Callable[[], Sequence[Server]],
     ) -> None:
         super().__init__(run, "collector", collector_id)
         self._recent: deque[bool] = deque(maxlen=SUCCESS_WINDOW_EPISODES)
@@ -204,6 +207,24 @@ class CollectorMetrics(RoleMetrics):
         self.gauge(f"{p}_episodes_in_flight", "Episodes running now.", in_flight)
         self.gauge(f"{p}_policy_version", "Newest policy version the server serves.", served_version)
         self.gauge(f"{p}_policy_lag_versions", "Served version behind the learner's newest published.", policy_lag)
+        self.counter(
+            f"{p}_server_requests",
+            "Action requests sent to each policy server (failed attempts included).",
+            lambda: {s.url: s.requests for s in servers()},
+            "server",
+        )
+        self.counter(
+            f"{p}_server_failovers",
+            "Requests that failed on a policy server and moved on to another.",
+            lambda: {s.url: s.failovers for s in servers()},
+            "server",
+        )
+        self.gauge(
+            f"{p}_server_policy_version",
+            "Newest policy version each policy server lists, as the collector last read it.",
+            lambda: {s.url: s.newest for s in servers() if s.newest is not None},
+            "server",
+        )
         self.episode_duration = self.histogram(
             f"{p}_episode_duration_seconds", "Wall time of an episode, reset to end.", EPISODE_BUCKETS
         )

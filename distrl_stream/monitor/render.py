@@ -80,6 +80,12 @@ def plain(s: Snapshot) -> str:
             f"({_num(values.get('updates_per_s'))}/s), ingested {_num(values.get('trajectories_ingested'), '.0f')}  "
             + shown
         )
+    lines.append(f"policy servers: {len(s.servers)}")
+    for r in s.servers:
+        lines.append(
+            f"  {r.source_id}: serves v{r.policy_version}, {_num(r.lag, 'd')} behind the learner, "
+            f"last {r.last_event or '-'} at {r.last_seen:%H:%M:%S}"
+        )
     lines.append(f"collectors: {len(s.collectors)}")
     for c in s.collectors:
         lines.append(
@@ -130,9 +136,21 @@ def dashboard(s: Snapshot) -> RenderableType:
             _ms(c.inference_p95_s),
             _ms(c.env_p50_s),
         )
+    servers = Table("server", "serves", "behind learner", "last report", box=None, pad_edge=False)
+    for r in s.servers:
+        servers.add_row(
+            r.source_id,
+            f"v{r.policy_version}",
+            Text(_num(r.lag, "d"), style="green" if r.lag == 0 else "yellow" if r.lag else ""),
+            Text(f"{r.last_event or '-'} {r.last_seen:%H:%M:%S}", style="red" if r.last_event == "refused" else ""),
+        )
     return Group(
         Panel(Group(rates, Text(""), facts), title=_header(s), title_align="left"),
         Panel(learner if s.learners else Text("no learner metrics yet", style="dim"), title="learner"),
+        Panel(
+            servers if s.servers else Text("no policy server has reported a loaded version yet", style="dim"),
+            title=f"policy servers ({len(s.servers)})",
+        ),
         Panel(
             collectors if s.collectors else Text("no collector metrics yet", style="dim"),
             title=f"collectors ({len(s.collectors)})",

@@ -13,7 +13,8 @@ Metric names read (as the roles publish them, see docs/monitor.md): collectors `
 ``episodes_success``, ``policy_version``, ``in_flight``, ``paused``, ``inference_latency_p50_s``/``_p95_s``,
 ``env_latency_p50_s``, ``uptime_s``; the learner ``version``, ``updates``, ``updates_per_s``, losses, ``entropy``,
 ``rho_*``, ``policy_lag_mean``/``_p95``/``_max``, ``trajectories_ingested``, ``buffer_fill``; the inference
-watcher ``policy_version`` with ``labels.event = loaded``. A final report (``labels.event = final``) marks a
+watcher ``policy_version`` with ``labels.event = loaded`` (or ``refused``), one source per policy server, shown per
+server with its lag behind the learner's newest version. A final report (``labels.event = final``) marks a
 source stopped.
 """
 
@@ -127,6 +128,25 @@ class CollectorRow:
 
 
 @dataclass(frozen=True)
+class ServerRow:
+    """One policy server in the dashboard, from its weight watcher's reports.
+
+    Attributes:
+        source_id: the server (the watcher's source id, ``<host>:<port>`` by default).
+        policy_version: the newest version it reported loaded (0: only the base model).
+        lag: versions it is behind the learner's newest (None while no learner has reported).
+        last_event: what it reported last: ``loaded`` or ``refused`` (a version it would not load).
+        last_seen: when it reported last.
+    """
+
+    source_id: str
+    policy_version: int
+    lag: int | None
+    last_event: str
+    last_seen: datetime
+
+
+@dataclass(frozen=True)
 class WindowRate:
     """Throughput and success over one rolling window."""
 
@@ -154,6 +174,7 @@ class Snapshot:
     versions_published: int | None
     served_version: int | None
     served_by: list[str]
+    servers: list[ServerRow]
     acting_versions: dict[int, int]
     policy_lag: dict[str, float]
     inference_latency: dict[str, float]
@@ -182,6 +203,7 @@ class Snapshot:
             "versions_published": self.versions_published,
             "served_version": self.served_version,
             "served_by": self.served_by,
+            "servers": [{**vars(r), "last_seen": r.last_seen.isoformat()} for r in self.servers],
             "acting_versions": {str(k): v for k, v in self.acting_versions.items()},
             "policy_lag": self.policy_lag,
             "inference_latency": self.inference_latency,
@@ -268,6 +290,18 @@ class MonitorState:
         versions = [int(s.values["version"]) for s in learners if "version" in s.values]
         published = [int(s.values["versions_published"]) for s in learners if "versions_published" in s.values]
         served = [(int(s.values["policy_version"]), s.source_id) for s in servers if "policy_version" in s.values]
+        learner_version = max(versions) if versions else None
+        server_rows = [
+            ServerRow(
+                source_id=s.source_id,
+                policy_version=int(s.values["policy_version"]),
+                lag=max(learner_version - int(s.values["policy_version"]), 0) if learner_version is not None else None,
+                last_event=s.labels.get("event", ""),
+                last_seen=s.last_seen,
+            )
+            for s in sorted(servers, key=lambda s: s.source_id)
+            if "policy_version" in s.values
+        ]
         acting: dict[int, int] = {}
         for row in rows:
             if row.policy_version is not None and (ended or row.status != "stopped"):
@@ -283,10 +317,11 @@ class MonitorState:
             success_total=successes / total if total else None,
             collectors=rows,
             learners=learner_values,
-            learner_version=max(versions) if versions else None,
+            learner_version=learner_version,
             versions_published=max(published) if published else None,
             served_version=max(v for v, _ in served) if served else None,
             served_by=sorted(source for _, source in served),
+            servers=server_rows,
             acting_versions=dict(sorted(acting.items())),
             policy_lag=_policy_lag(learners),
             inference_latency=_latency(collectors if ended else [c for c in collectors if not c.stopped]),

@@ -109,6 +109,8 @@ def sample_step(
         policy_version=policy_version,
         inference_latency_s=rng.uniform(0.01, 0.5),
         env_latency_s=rng.lognormvariate(-2.0, 1.0),
+        server=f"http://policy-{rng.randrange(2)}:8000",
+        adapter_sha256=f"{rng.getrandbits(256):064x}" if policy_version else None,
     )
 
 

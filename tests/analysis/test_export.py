@@ -45,6 +45,7 @@ def test_step_rows_keep_actions_and_token_logprobs(tmp_path: Path) -> None:
     first = table.to_pylist()[0]
     step = records[0].event.steps[0]
     assert first["action_text"] == step.action_text and first["step"] == 0
+    assert (first["server"], first["adapter_sha256"]) == (step.server, step.adapter_sha256) != ("", None)
     np.testing.assert_allclose(first["token_logprobs"], step.token_logprobs.to_numpy())
 
 

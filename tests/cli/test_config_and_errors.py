@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from distrl_stream.cli.common import parse_time
 from distrl_stream.cli.main import app
+from distrl_stream.config import load_config
 from distrl_stream.errors import ConfigError
 
 runner = CliRunner()
@@ -47,6 +48,7 @@ BAD_INPUT = [
     pytest.param(["replay", "stats", "--since", "yesterday"], {}, "--since", "ISO 8601", id="time"),
     pytest.param(["replay", "export", "x.csv"], {}, "--format", "parquet or jsonl", id="format"),
     pytest.param(["collect", "--envs", "0"], {}, "collector.envs", "greater than or equal to 1", id="range"),
+    pytest.param(["collect", "--inference-url", "gpu-0:8000"], {}, "inference.urls", "http(s)://", id="url"),
     pytest.param(["config", "show", "--config", "/nonexistent.toml"], {}, "--config", "no such file", id="file"),
     pytest.param(["nonsense"], {}, "nonsense", "No such command", id="command"),
 ]
@@ -62,6 +64,15 @@ def test_bad_input_is_one_line_naming_the_field_and_exit_2(
     assert len(lines) == 1, result.output
     assert field in lines[0] and allowed in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_clients_use_the_list_of_servers_else_the_single_url_else_host_and_port(tmp_path: Path) -> None:
+    toml = tmp_path / "servers.toml"
+    toml.write_text('[inference]\nurl = "http://one:8000/"\n')
+    assert load_config(toml).inference.server_urls == ("http://one:8000",)
+    toml.write_text('[inference]\nurl = "http://one:8000"\nurls = ["http://gpu-0:8000", "http://gpu-1:8000/"]\n')
+    assert load_config(toml).inference.server_urls == ("http://gpu-0:8000", "http://gpu-1:8000")
+    assert load_config().inference.server_urls == ("http://127.0.0.1:8000",)
 
 
 def test_a_bad_value_in_the_config_file_names_the_field(tmp_path: Path) -> None:

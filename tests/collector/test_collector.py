@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import shutil
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,17 +16,28 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from distrl_stream.artifacts import sha256_dir
 from distrl_stream.collector import Collector
-from distrl_stream.config import Config
+from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.envs import SimEnv, task_pool
-from distrl_stream.events import MetricEvent, Termination, decode
+from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, decode, utc_now
+from distrl_stream.inference.client import InferenceClient, root_sha256
+from distrl_stream.inference.server import InferenceServer
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
-from distrl_stream.testing.instant_learner import InstantLearner, publish_version
-from tests.collector.conftest import ENDED, TopicWatch, assert_complete, metrics, trajectories
+from distrl_stream.testing.instant_learner import InstantLearner, publish_version, write_noop_adapter
+from tests.collector.conftest import (
+    ENDED,
+    TopicWatch,
+    assert_complete,
+    metrics,
+    start_cli,
+    trajectories,
+    trajectory_watch,
+)
 from tests.fixtures.vllm import VllmService
 from tests.monitor.scrape import scrape, value
 
@@ -53,7 +68,8 @@ async def test_eight_envs_publish_complete_trajectories_that_match_the_envs_and_
             assert step.candidates == env.candidates(obs)
             result = await env.step(step.action_text)
             assert (step.valid, step.reward, step.done) == (result.info.valid, result.reward, result.done)
-            assert step.policy_version == 0  # the only version the server serves
+            # The only version the server serves, named with the server that answered.
+            assert (step.policy_version, step.server, step.adapter_sha256) == (0, vllm_server.url, None)
             # The token ids are the server's own: they spell the action (plus the stop token).
             assert tokenizer.decode(step.token_ids.to_numpy().tolist(), skip_special_tokens=True) == step.action_text
             obs = result.observation
@@ -209,3 +225,109 @@ async def test_prometheus_endpoint_counts_episodes_steps_and_latencies_while_it_
     assert report.episodes >= episodes
     with pytest.raises(httpx.ConnectError):  # the endpoint closes with the collector
         httpx.get(f"http://{address}/metrics", timeout=5.0)
+
+
+async def test_two_collectors_over_two_servers_route_around_a_killed_one_and_record_what_each_server_loaded(
+    collector_config: Callable[..., Config],
+    vllm_server: VllmService,
+    tmp_path: Path,
+    record_property: pytest.RecordProperty,
+) -> None:
+    """One collector in this process, one `collect` process given both servers by the repeated flag; the second
+    server is killed once both collectors have published steps it answered, and both go on with the first."""
+    began = time.monotonic()
+    # A second server on the same model; its short stop grace makes stop() a kill.
+    second = InferenceServer(
+        vllm_server.model_dir,
+        InferenceConfig(port=0, device="cpu", startup_timeout_s=240.0, stop_timeout_s=1.0),
+        ModelConfig(),
+        tmp_path / "second.log",
+    )
+    await asyncio.to_thread(second.start)
+    cli: subprocess.Popen[str] | None = None
+    watch: TopicWatch | None = None
+    try:
+        # Version 1 on the first server only, staged as the weight watcher stages it: <served name>-<sha256>.
+        adapter = write_noop_adapter(vllm_server.model_dir, tmp_path / "adapter", ModelConfig())
+        sha = sha256_dir(adapter)
+        staged = tmp_path / "staging" / f"policy-v1-{sha}"
+        shutil.copytree(adapter, staged)
+        httpx.post(
+            f"{vllm_server.url}/v1/load_lora_adapter",
+            json={"lora_name": "policy-v1", "lora_path": str(staged)},
+            timeout=60,
+        ).raise_for_status()
+        listed = {m["id"]: m["root"] for m in httpx.get(f"{vllm_server.url}/v1/models", timeout=30).json()["data"]}
+        assert root_sha256(listed["policy-v1"]) == sha
+        # A fresh server's first request is slow (warm-up): taken here, so that it does not hold the collectors'.
+        async with InferenceClient(vllm_server.inference, base_url=second.url) as warm:
+            await asyncio.wait_for(warm.act("warm-up", ['{"action_type":"wait"}']), 120)
+
+        cfg = collector_config(
+            inference={"urls": [vllm_server.url, second.url], "server_backoff_s": 5.0},
+            collector={"envs": 2, "collector_id": "in-process"},
+        )
+        ensure_run_topics(cfg)
+        watch = trajectory_watch(cfg)
+        # start_cli passes --inference-url <first server>; the repeated flag adds the second.
+        cli = start_cli(
+            cfg,
+            tmp_path / "cli.log",
+            *("--inference-url", second.url, "--envs", "2", "--episodes", "8", "--collector-id", "cli"),
+            env={"DISTRL_INFERENCE__SERVER_BACKOFF_S": "5"},
+        )
+        collector = Collector(cfg)
+        run = asyncio.create_task(collector.run())
+
+        def both_acted_with_the_second(values: list[bytes]) -> bool:
+            events = [decode(v, TrajectoryEvent) for v in values]
+            return all(
+                any(s.server == second.url for e in events if e.collector_id == collector_id for s in e.steps)
+                for collector_id in ("in-process", "cli")
+            )
+
+        await watch.wait_async(both_acted_with_the_second, 240)
+        await asyncio.to_thread(second.stop)
+        killed_at = utc_now()
+        out, _ = await asyncio.to_thread(cli.communicate, timeout=240)
+        assert cli.returncode == 0, (tmp_path / "cli.log").read_text()[-3000:]
+
+        def two_episodes_after_the_kill(values: list[bytes]) -> bool:
+            events = [decode(v, TrajectoryEvent) for v in values]
+            return sum(e.collector_id == "in-process" and e.started_at > killed_at for e in events) >= 2
+
+        await watch.wait_async(two_episodes_after_the_kill, 240)
+        collector.request_stop()
+        report = await asyncio.wait_for(run, 240)
+        failovers = collector.prometheus.registry.get_sample_value(
+            "distrl_collector_server_failovers_total",
+            {"run": cfg.run, "role": "collector", "source": "in-process", "server": second.url},
+        )
+    finally:
+        if watch is not None:
+            watch.close()
+        if cli is not None and cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        await asyncio.to_thread(second.stop)
+        vllm_server.unload_all_adapters()
+
+    cli_report = json.loads(out)
+    assert cli_report["episodes"] == 8 and cli_report["by_termination"].get("inference_error", 0) == 0
+    events = trajectories(cfg)
+    assert len(events) == report.delivered + cli_report["delivered"]
+    assert [e.termination for e in events if e.termination is Termination.INFERENCE_ERROR] == []
+    steps = [s for e in events for s in e.steps]
+    # Every step names what the server that answered it had loaded: version and adapter sha256 together.
+    assert {(s.server, s.policy_version, s.adapter_sha256) for s in steps} == {
+        (vllm_server.url, 1, sha),
+        (second.url, 0, None),
+    }
+    for collector_id in ("in-process", "cli"):
+        used = {s.server for e in events if e.collector_id == collector_id for s in e.steps}
+        assert used == {vllm_server.url, second.url}, collector_id
+    after_kill = [s for e in events if e.started_at > killed_at for s in e.steps]
+    assert after_kill and {s.server for s in after_kill} == {vllm_server.url}
+    assert failovers is not None and failovers >= 1
+    record_property("two_servers_one_killed_s", time.monotonic() - began)
+    print(f"two servers, one killed: {len(events)} episodes, {len(steps)} steps in {time.monotonic() - began:.0f}s")

@@ -54,6 +54,9 @@ def test_trajectory_round_trip_keeps_optional_fields_enums_and_tensors() -> None
             "action": "",
             "invalid_reason": "unparseable JSON",
             "candidates": [],
+            "policy_version": 3,
+            "server": "http://gpu-1:8000",
+            "adapter_sha256": "cd" * 32,
         }
     )
     event = TrajectoryEvent(
@@ -122,7 +125,7 @@ def test_truncated_record_raises_truncated(keep: float) -> None:
     with pytest.raises(EventDecodeError) as info:
         decode(data[:cut])
     assert info.value.reason == "truncated"
-    assert info.value.schema_id == 7  # TrajectoryEvent v2
+    assert info.value.schema_id == Serde().schema_id(TrajectoryEvent)
 
 
 def test_bytes_after_the_record_are_an_error() -> None:
@@ -187,7 +190,7 @@ def test_trajectory_keeps_a_truncated_episode_s_final_observation() -> None:
     assert decode(encode(trajectory), expect=TrajectoryEvent) == trajectory
 
 
-def test_trajectory_written_with_version_1_reads_with_version_2_without_a_final_observation() -> None:
+def test_trajectory_written_with_version_1_reads_with_version_2_with_the_new_fields_defaulted() -> None:
     v1 = default_store().by_id(1)
     assert v1 is not None and v1.name == "distrl.TrajectoryEvent" and v1.version == 1
     trajectory = sample_trajectory(random.Random(5), steps=2)
@@ -195,7 +198,12 @@ def test_trajectory_written_with_version_1_reads_with_version_2_without_a_final_
     record = trajectory.to_avro()
     for added in ("final_observation", "final_candidates"):
         del record[added]
+    for step in record["steps"]:
+        del step["server"], step["adapter_sha256"]
     schemaless_writer(body, v1.parsed, record)
     event = decode(b"\x00" + struct.pack(">I", v1.id) + body.getvalue(), expect=TrajectoryEvent)
-    assert event == trajectory  # the defaults: no final observation, no candidates
+    # The defaults: no final observation and no candidates; steps with no server and no adapter sha256.
+    steps = [dataclasses.replace(s, server="", adapter_sha256=None) for s in trajectory.steps]
+    assert event == dataclasses.replace(trajectory, steps=steps)
     assert (event.final_observation, event.final_candidates) == (None, [])
+    assert [(s.server, s.adapter_sha256) for s in event.steps] == [("", None), ("", None)]

@@ -40,8 +40,8 @@ def test_without_a_key_an_inherited_vllm_api_key_is_not_passed_on(tmp_path: Path
 def test_clients_send_the_key_as_a_bearer_token() -> None:
     assert auth_headers(SecretStr(KEY)) == {"Authorization": f"Bearer {KEY}"}
     assert auth_headers(None) == {}
-    client = InferenceClient(InferenceConfig(api_key=KEY))
-    assert client._http.headers["Authorization"] == f"Bearer {KEY}"
+    client = InferenceClient(InferenceConfig(api_key=KEY, urls=["http://gpu-0:8000", "http://gpu-1:8000"]))
+    assert [s.http.headers["Authorization"] for s in client.servers] == [f"Bearer {KEY}"] * 2
 
 
 def test_the_key_comes_from_the_environment_and_config_show_masks_it(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,11 +1,18 @@
-"""The async client against a real vLLM server: choice and free mode, agreement with the learner, failures."""
+"""The async client: against a real vLLM server (choice and free mode, agreement with the learner, failures), and
+its server pool against small HTTP servers started by the tests (least in flight, failover, backoff)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
-from distrl_stream.inference.client import ActionResult, InferenceClient
+from distrl_stream.inference.client import ActionResult, InferenceClient, root_sha256
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 from distrl_stream.processes import free_port
@@ -156,3 +163,184 @@ def test_client_module_does_not_import_torch() -> None:
     code = "import sys, distrl_stream.inference.client; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=Path.cwd())
     assert out.stdout.strip() == "False"
+
+
+# --- the server pool, against small real HTTP servers started here -------------------------------------------------
+
+SHA = {1: "1" * 64, 2: "2" * 64}
+
+
+class FakePolicyServer:
+    """An HTTP server speaking the two calls of vLLM's API the client uses, with a listing and a failure switch.
+
+    ``/v1/models`` lists ``policy-v0`` and ``policy-v<N>`` for each N of ``versions`` (rooted at
+    ``/staging/policy-v<N>-<sha256>``); ``/v1/completions`` answers the first candidate with the model asked for.
+    ``status``: the HTTP status of completions (500 simulates a failing engine); ``hold``: set to make completions
+    wait until it is cleared.
+    """
+
+    def __init__(self, versions: Sequence[int]) -> None:
+        self.versions = list(versions)
+        self.status = 200
+        self.completions = 0
+        self.hold = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                data = [{"id": "policy-v0", "root": "/models/tiny"}] + [
+                    {"id": f"policy-v{v}", "root": f"/staging/policy-v{v}-{SHA[v]}"} for v in fake.versions
+                ]
+                self._send(200, {"object": "list", "data": data})
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                fake.completions += 1
+                if fake.hold.is_set():
+                    fake.release.wait(30)
+                if fake.status != 200:
+                    self._send(fake.status, {"error": {"message": "engine dead"}})
+                    return
+                text = body["structured_outputs"]["choice"][0]
+                choice = {
+                    "text": text,
+                    "token_ids": [5, 6],
+                    "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25]},
+                    "finish_reason": "stop",
+                }
+                self._send(200, {"model": body["model"], "choices": [choice]})
+
+            def _send(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def hold_requests(self) -> None:
+        self.release.clear()
+        self.hold.set()
+
+    def release_requests(self) -> None:
+        self.hold.clear()
+        self.release.set()
+
+    def stop(self) -> None:
+        self.release_requests()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_servers() -> Iterator[Callable[[Sequence[int]], FakePolicyServer]]:
+    started: list[FakePolicyServer] = []
+
+    def start(versions: Sequence[int]) -> FakePolicyServer:
+        started.append(FakePolicyServer(versions))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _pool_cfg(*servers: FakePolicyServer, **overrides: Any) -> InferenceConfig:
+    settings: dict[str, Any] = {
+        "urls": [s.url for s in servers],
+        "retries": 0,
+        "request_timeout_s": 5.0,
+        "server_backoff_s": 60.0,
+        **overrides,
+    }
+    return InferenceConfig(**settings)
+
+
+CHOICES = ['{"action_type":"wait"}', '{"action_type":"navigate_back"}']
+
+
+def test_root_sha256_reads_the_trailing_64_hex_digits_of_the_staging_folder() -> None:
+    assert root_sha256(f"/data/serving/gpu-0/policy-v3-{'ab' * 32}") == "ab" * 32
+    assert root_sha256(f"/data/serving/gpu-0/policy-v3-{'ab' * 32}/") == "ab" * 32
+    assert root_sha256("/data/serving/gpu-0/policy-v3") is None  # staged without a hash: none is made up
+    assert root_sha256(f"/data/{'ab' * 32}/policy-v3") is None  # only the folder's own name counts
+    assert root_sha256("") is None
+
+
+async def test_each_request_goes_to_the_server_with_the_fewest_in_flight_and_records_its_adapter(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    first, second = fake_servers([1, 2]), fake_servers([1])
+    async with InferenceClient(_pool_cfg(first, second)) as client:
+        await client.refresh_versions()
+        first.hold_requests()
+        held = asyncio.create_task(client.act("prompt", CHOICES))
+        deadline = time.monotonic() + 30
+        while first.completions == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert client.servers[0].in_flight == 1
+        other = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+        first.release_requests()
+        answered = await asyncio.wait_for(held, 30)
+    # Each answer carries the newest version of the server that gave it, with that server's adapter.
+    assert (answered.server, answered.version, answered.adapter_sha256) == (first.url, 2, SHA[2])
+    assert (other.server, other.version, other.adapter_sha256) == (second.url, 1, SHA[1])
+    assert client.version == 1  # what every server serves
+
+
+async def test_a_failing_server_is_routed_around_and_backed_off(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    failing, healthy = fake_servers([1]), fake_servers([1])
+    failing.status = 500
+    async with InferenceClient(_pool_cfg(failing, healthy)) as client:
+        results = [await asyncio.wait_for(client.act("prompt", CHOICES), 30) for _ in range(3)]
+    assert [r.server for r in results] == [healthy.url] * 3
+    assert failing.completions == 1  # backed off after its failure: not asked again
+    assert (client.servers[0].failovers, client.servers[0].failures) == (1, 1)
+    assert (client.servers[1].failovers, client.servers[1].requests) == (0, 3)
+
+
+async def test_a_failed_server_is_tried_again_after_its_backoff(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    flaky, healthy = fake_servers([1]), fake_servers([1])
+    flaky.status = 503
+    async with InferenceClient(_pool_cfg(flaky, healthy, server_backoff_s=0.2)) as client:
+        first = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+        assert first.server == healthy.url and client.servers[0].consecutive_failures == 1
+        flaky.status = 200
+        deadline = time.monotonic() + 30
+        answered_by: set[str] = set()
+        while flaky.url not in answered_by and time.monotonic() < deadline:
+            # Once its backoff ends, the recovered server is preferred: as few in flight, fewer requests sent.
+            answered_by.add((await asyncio.wait_for(client.act("prompt", CHOICES), 30)).server)
+            await asyncio.sleep(0.05)
+    assert flaky.url in answered_by, "the server that recovered was never tried again"
+    assert client.servers[0].consecutive_failures == 0
+
+
+async def test_a_request_fails_only_when_every_server_fails(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    down, broken = fake_servers([1]), fake_servers([1])
+    broken.status = 500
+    cfg = _pool_cfg(down, broken, retries=1, retry_backoff_s=0.01)
+    async with InferenceClient(cfg) as client:
+        await client.refresh_versions()
+        down.stop()
+        with pytest.raises(InferenceUnavailableError, match="every server after 2 attempts") as info:
+            await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+    assert down.url in str(info.value) and broken.url in str(info.value) and "engine dead" in str(info.value)
+    assert broken.completions == 2  # one attempt per round

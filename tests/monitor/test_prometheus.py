@@ -14,6 +14,7 @@ import pytest
 from distrl_stream.collector.stats import CollectorStats
 from distrl_stream.errors import ConfigError
 from distrl_stream.events import Termination
+from distrl_stream.inference.client import Server
 from distrl_stream.learner.role import Counters
 from distrl_stream.monitor.prometheus import CollectorMetrics, LearnerMetrics, RoleMetrics, UpMetrics, WatcherMetrics
 from distrl_stream.monitor.tensorboard import scalar_writer
@@ -40,8 +41,12 @@ def _serve(metrics: RoleMetrics, served: list[RoleMetrics]) -> str:
 
 def test_collector_counts_are_read_from_its_stats_at_scrape_time(served: list[RoleMetrics]) -> None:
     stats = CollectorStats()
+    pool = (
+        Server("http://gpu-0:8000", httpx.AsyncClient(), adapters={3: "a" * 64, 4: "b" * 64}, requests=5),
+        Server("http://gpu-1:8000", httpx.AsyncClient(), requests=2, failovers=1),
+    )
     metrics = CollectorMetrics(
-        "r1", "c-7", stats, in_flight=lambda: 3, served_version=lambda: 4, policy_lag=lambda: None
+        "r1", "c-7", stats, in_flight=lambda: 3, served_version=lambda: 4, policy_lag=lambda: None, servers=lambda: pool
     )
     address = _serve(metrics, served)
     assert value(scrape(address), "distrl_collector_steps_total", **IDENTITY) == 0
@@ -66,6 +71,13 @@ def test_collector_counts_are_read_from_its_stats_at_scrape_time(served: list[Ro
     assert value(samples, "distrl_collector_success_rate") == 0.5
     assert value(samples, "distrl_collector_episodes_in_flight") == 3
     assert value(samples, "distrl_collector_policy_version") == 4
+    assert value(samples, "distrl_collector_server_requests_total", server="http://gpu-0:8000") == 5
+    assert value(samples, "distrl_collector_server_requests_total", server="http://gpu-1:8000") == 2
+    assert value(samples, "distrl_collector_server_failovers_total", server="http://gpu-1:8000") == 1
+    assert value(samples, "distrl_collector_server_failovers_total", server="http://gpu-0:8000") == 0
+    assert value(samples, "distrl_collector_server_policy_version", server="http://gpu-0:8000") == 4
+    # Not read yet: no sample rather than a made-up version.
+    assert value(samples, "distrl_collector_server_policy_version", server="http://gpu-1:8000") is None
     # Unknown (no pause_above_policy_lag): no sample rather than a made-up 0.
     assert value(samples, "distrl_collector_policy_lag_versions") is None
     assert value(samples, "distrl_collector_inference_latency_seconds_count") == 3

@@ -35,6 +35,12 @@ def _learner(t: float, **values: float) -> MetricEvent:
     return MetricEvent(run="r", role="learner", source_id="learner-0", timestamp=_at(t), values=values, labels={})
 
 
+def _server(t: float, source: str, event: str, **values: float) -> MetricEvent:
+    return MetricEvent(
+        run="r", role="inference", source_id=source, timestamp=_at(t), values=values, labels={"event": event}
+    )
+
+
 def test_window_rate_is_the_counter_increase_over_the_window() -> None:
     state = MonitorState("r", windows_s=(60.0, 300.0))
     # Two collectors, each finishing 1 episode per 10 s (6/min), one of them succeeding half the time.
@@ -108,6 +114,22 @@ def test_learner_inference_and_kafka_numbers_reach_the_snapshot() -> None:
     assert snap.policy_lag == {"mean": 0.4, "max": 2}
     assert snap.learners["learner-0"]["loss_policy"] == 0.5
     assert (snap.consumer_lag, snap.dlq_records) == (7, 2)
+
+
+def test_each_server_shows_the_version_it_serves_and_its_lag_behind_the_learner() -> None:
+    state = MonitorState("r")
+    state.add(_server(1, "gpu-1:8000", "loaded", policy_version=1))
+    state.add(_server(2, "gpu-0:8000", "loaded", policy_version=1))
+    assert [r.lag for r in state.snapshot(_at(3)).servers] == [None, None]  # no learner yet: unknown, not 0
+    state.add(_learner(3, version=4))
+    state.add(_server(4, "gpu-0:8000", "loaded", policy_version=4))
+    state.add(_server(5, "gpu-1:8000", "refused", refused_version=2))
+    rows = state.snapshot(_at(6)).servers
+    assert [(r.source_id, r.policy_version, r.lag, r.last_event) for r in rows] == [
+        ("gpu-0:8000", 4, 0, "loaded"),
+        ("gpu-1:8000", 1, 3, "refused"),  # a refusal keeps the version it last loaded
+    ]
+    assert rows[1].last_seen == _at(5)
 
 
 def test_other_runs_and_older_reports_are_ignored() -> None:
