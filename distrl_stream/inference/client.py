@@ -104,6 +104,8 @@ class Server:
         url: its base URL.
         adapters: the versions it lists in ``/v1/models`` → the sha256 of each one's adapter (None for the base model
             or an unnamed one); empty until first read.
+        listed: every version it has listed since the client started, with its sha256: an answer by a version the
+            server retired after answering (a newer one came in meanwhile) still names the adapter it was served by.
         in_flight: requests to it not yet answered.
         requests: requests sent to it.
         failures: attempts that failed on it (connection error, timeout, 5xx).
@@ -114,6 +116,7 @@ class Server:
     url: str
     http: httpx.AsyncClient
     adapters: dict[int, str | None] = field(default_factory=dict)
+    listed: dict[int, str | None] = field(default_factory=dict)
     in_flight: int = 0
     requests: int = 0
     failures: int = 0
@@ -347,13 +350,13 @@ class InferenceClient:
         server.consecutive_failures = 0
         server.retry_at = float("-inf")
         answered = self._answered_version(server, body)
-        if answered not in server.adapters:
+        if answered not in server.listed:
             await self._refresh(server)  # loaded since we last read the listing
-            if answered not in server.adapters:
+            if answered not in server.listed:
                 raise InferenceError(
                     f"server {server.url} answered with {body.get('model')!r}, which its /v1/models does not list"
                 )
-        return _parse_completion(body, answered, mode, latency, server.url, server.adapters[answered])
+        return _parse_completion(body, answered, mode, latency, server.url, server.listed[answered])
 
     async def _ensure_versions(self, server: Server) -> None:
         """Re-read the server's listing when it is older than ``version_poll_s``; one refresh at a time per server,
@@ -383,6 +386,7 @@ class InferenceClient:
                 max(server.adapters),
             )
         server.adapters = adapters
+        server.listed.update(adapters)
         server.refreshed_at = time.monotonic()
 
     def _answered_version(self, server: Server, body: dict[str, Any]) -> int:

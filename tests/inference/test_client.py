@@ -344,3 +344,26 @@ async def test_a_request_fails_only_when_every_server_fails(
             await asyncio.wait_for(client.act("prompt", CHOICES), 30)
     assert down.url in str(info.value) and broken.url in str(info.value) and "engine dead" in str(info.value)
     assert broken.completions == 2  # one attempt per round
+
+
+async def test_an_answer_by_a_version_retired_meanwhile_still_records_the_adapter_the_server_listed(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    server = fake_servers([1])
+
+    async def until(count: int) -> None:
+        deadline = time.monotonic() + 30
+        while server.completions < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async with InferenceClient(_pool_cfg(server, version_poll_s=0.01)) as client:
+        server.hold_requests()
+        first = asyncio.create_task(client.act("prompt", CHOICES))
+        await until(1)
+        server.versions = [2]  # v2 loaded and v1 retired while v1 was answering
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(client.act("prompt", CHOICES))  # re-reads the listing: v2 only
+        await until(2)
+        server.release_requests()
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 30)
+    assert [(a.version, a.adapter_sha256) for a in answers] == [(1, SHA[1]), (2, SHA[2])]
