@@ -76,6 +76,7 @@ def test_ten_thousand_bad_records_are_dead_lettered_while_the_learner_trains_on_
     cfg = make_config(
         model={"base": tiny_model_dir},
         kafka={"max_message_bytes": MAX_MESSAGE_BYTES},
+        artifacts={"chunk_bytes": MAX_MESSAGE_BYTES // 2},  # adapter chunks must fit the smaller message limit
         learner={
             "batch_episodes": 2,
             "min_buffer_episodes": 2,
