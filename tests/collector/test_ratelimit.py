@@ -66,7 +66,15 @@ async def test_collector_pauses_while_the_learner_is_behind_and_resumes_when_it_
             adapter.mkdir()
             (adapter / "adapter_model.safetensors").write_bytes(b"x")
             # One update of 2 episodes: budget 6 for 4 inserted episodes, so the next one may start.
-            event = version_event(cfg.model, 1, adapter, learner_step=1, trajectories_consumed=4)
+            event = version_event(
+                cfg.model,
+                1,
+                adapter,
+                adapter_uri=adapter.as_uri(),
+                base_fingerprint="",
+                learner_step=1,
+                trajectories_consumed=4,
+            )
             producer.produce_event(topics.weights, event)
             producer.flush()
             assert await asyncio.wait_for(gate, 30)
