@@ -79,6 +79,14 @@ def watcher_config(make_config: Callable[..., Config], vllm_server: VllmService)
     vllm_server.unload_all_adapters()
 
 
+@pytest.fixture
+def metrics_config(watcher_config: Config) -> Config:
+    """``watcher_config`` with the watcher's Prometheus endpoint on a free port."""
+    return watcher_config.model_copy(
+        update={"inference": watcher_config.inference.model_copy(update={"metrics_port": 0})}
+    )
+
+
 def _watcher(cfg: Config, service: VllmService) -> WeightWatcher:
     return WeightWatcher(cfg, service.url, model_dir=service.model_dir)
 
@@ -192,11 +200,9 @@ async def test_published_version_is_hot_loaded_and_shifts_the_served_distributio
 
 
 def test_bad_versions_are_refused_by_reason_and_the_last_good_one_stays_served(
-    vllm_server: VllmService, watcher_config: Config, sft_adapter: Path, base_fingerprint: str, tmp_path: Path
+    vllm_server: VllmService, metrics_config: Config, sft_adapter: Path, base_fingerprint: str, tmp_path: Path
 ) -> None:
-    cfg = watcher_config.model_copy(
-        update={"inference": watcher_config.inference.model_copy(update={"metrics_port": 0})}
-    )
+    cfg = metrics_config
     tampered = tmp_path / "tampered"
     shutil.copytree(sft_adapter, tampered)
     weights = tampered / "adapter_model.safetensors"
@@ -265,11 +271,9 @@ def test_a_server_with_an_empty_data_dir_catches_up_from_kafka_and_retires_beyon
 
 
 def test_prometheus_endpoint_shows_the_served_version_loads_refusals_and_lag(
-    vllm_server: VllmService, watcher_config: Config, sft_adapter: Path, base_fingerprint: str, tmp_path: Path
+    vllm_server: VllmService, metrics_config: Config, sft_adapter: Path, base_fingerprint: str, tmp_path: Path
 ) -> None:
-    cfg = watcher_config.model_copy(
-        update={"inference": watcher_config.inference.model_copy(update={"metrics_port": 0})}
-    )
+    cfg = metrics_config
     tampered = tmp_path / "tampered"
     shutil.copytree(sft_adapter, tampered)
     (tampered / "adapter_config.json").write_text("{}")  # changed after publishing: its checksum no longer matches
