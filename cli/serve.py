@@ -17,6 +17,7 @@ from distrl_stream.cli.common import (
     field_option,
     run_command,
 )
+from distrl_stream.processes import log_report
 
 
 def serve(
@@ -65,7 +66,7 @@ def serve(
         shown, refused = 0, 0
         while not stop.wait(1.0):
             if not server.running():
-                fail(f"vLLM server exited unexpectedly (log: {server.log_path})\n{server.log_tail()}")
+                fail(f"vLLM server exited unexpectedly {log_report(server.log_path)}")
             if watcher is None:
                 continue
             if watcher.failed is not None:

@@ -419,6 +419,13 @@ class InferenceConfig(Section):
     keep_versions: int = Field(
         2, ge=1, description="LoRA versions kept loaded; older ones are unloaded when a newer one is loaded."
     )
+    retired_adapter_grace_s: float = Field(
+        120.0,
+        ge=0,
+        description="How long an unloaded version's staged adapter folder stays on disk: vLLM reloads it from there "
+        "for a request accepted before the unload, and a missing folder kills its engine. Keep it above the "
+        "clients' request_timeout_s.",
+    )
     startup_timeout_s: float = Field(300.0, gt=0, description="How long `serve` waits for /v1/models to answer.")
     stop_timeout_s: float = Field(15.0, gt=0, description="Grace period after SIGTERM before the server is killed.")
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server arguments, appended as given.")

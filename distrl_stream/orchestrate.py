@@ -42,7 +42,7 @@ from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.monitor.prometheus import UpMetrics
 from distrl_stream.policy.model_dir import resolve_model_dir
-from distrl_stream.processes import ChildProcess, free_port, port_free
+from distrl_stream.processes import ChildProcess, free_port, log_report, port_free
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,7 @@ class LocalStack:
         """A description of the first child that failed on its own (None while all run or ended cleanly)."""
         for child in self.children():
             if not child.stopping and child.returncode not in (None, 0):
-                return f"{child.name} exited with code {child.returncode} (log {child.log_path}):\n{child.log_tail()}"
+                return f"{child.name} exited with code {child.returncode} {log_report(child.log_path)}"
         return None
 
     # -- stop --------------------------------------------------------------------------------------------------

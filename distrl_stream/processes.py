@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -52,16 +53,40 @@ def signal_group(pgid: int | None, sig: signal.Signals) -> None:
             os.killpg(pgid, sig)
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ("" when it cannot be read)."""
+_EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): ")
+
+
+def _log_end(path: Path, window_bytes: int) -> str:
     try:
         with path.open("rb") as fh:
             fh.seek(0, os.SEEK_END)
-            fh.seek(max(fh.tell() - 64 * 1024, 0))
-            text = fh.read().decode(errors="replace")
+            fh.seek(max(fh.tell() - window_bytes, 0))
+            return fh.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" when it cannot be read)."""
+    return "\n".join(_log_end(path, 64 * 1024).splitlines()[-lines:])
+
+
+def first_exception(path: Path) -> str | None:
+    """The first line near the end of a log that names an exception (``SomeError: why``), or None.
+
+    A process that dies of an error usually logs its cause first and then pages of shutdown noise, so the tail alone
+    rarely shows why (vLLM's engine, for one).
+    """
+    for line in _log_end(path, 256 * 1024).splitlines():
+        if _EXCEPTION_LINE.search(line):
+            return line.strip()
+    return None
+
+
+def log_report(path: Path) -> str:
+    """How a failed process is described: ``(log PATH)``, its :func:`first_exception` if any, then its tail."""
+    cause = first_exception(path)
+    return f"(log {path})" + (f"; first error: {cause}" if cause else "") + f":\n{log_tail(path)}"
 
 
 def descendants(pid: int) -> set[int]:

@@ -103,7 +103,12 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
 
 def test_a_crashed_role_is_reported_with_its_log(tmp_path: Path) -> None:
     stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
-    crash = "import sys; print('bad things', flush=True); sys.exit(3)"
+    # The cause first, then more shutdown noise than the tail shows (as vLLM's engine dies): the report names both.
+    # (The message is split so that the command line, which heads the log, does not name it.)
+    crash = (
+        "import sys; print('Value' + 'Error: the real cause'); print('shutting down\\n' * 100, end=''); "
+        "print('bad things', flush=True); sys.exit(3)"
+    )
     stack.collectors = [
         ChildProcess("collector-0", [sys.executable, "-c", crash], dict(os.environ), tmp_path / "c.log")
     ]
@@ -111,6 +116,7 @@ def test_a_crashed_role_is_reported_with_its_log(tmp_path: Path) -> None:
     assert _wait_for(lambda: stack.failure() is not None)
     failure = stack.failure()
     assert failure is not None and "collector-0 exited with code 3" in failure and "bad things" in failure
+    assert "first error: ValueError: the real cause" in failure
     assert stack.stop()["collector-0"] == 3
 
 

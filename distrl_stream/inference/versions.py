@@ -13,7 +13,9 @@ what it serves:
    adapter's ``root`` in ``/v1/models``, which is how a client learns which bytes a served name stands for;
 3. loads it with ``POST /v1/load_lora_adapter`` under the name ``<policy_id>-v<version>``, so clients see it in
    ``/v1/models`` and switch to it;
-4. unloads (and deletes the staged copy of) versions beyond the newest ``keep_versions``;
+4. unloads versions beyond the newest ``keep_versions``, and deletes a retired version's staged copy only
+   ``retired_grace_s`` later: vLLM reloads an adapter from that folder for a request accepted before the unload
+   (once the adapter left its LoRA cache), and a missing folder kills the whole engine (docs/inference.md);
 5. publishes a :class:`~distrl_stream.events.MetricEvent` on ``{run}.metrics`` (``labels.event`` = ``loaded`` or
    ``refused``, a refusal with ``labels.category`` = ``chunk``, ``hash``, ``missing``, ``base_model`` or ``server``),
    so the monitor sees what is served. A refused version is never served; the server goes on serving what it had.
@@ -91,6 +93,8 @@ class AdapterLoader:
         base_model: the server's base model id (named in a ``base_model`` refusal).
         base_fingerprint: the server's :func:`~distrl_stream.artifacts.model_fingerprint`; "" skips the check, as
             does an event without one (written before events carried it).
+        retired_grace_s: how long a retired version's staged copy stays on disk
+            (``inference.retired_adapter_grace_s``).
     """
 
     server_url: str
@@ -103,8 +107,10 @@ class AdapterLoader:
     fetch_timeout_s: float = 120.0
     base_model: str = ""
     base_fingerprint: str = ""
+    retired_grace_s: float = 120.0
     loaded: list[int] = field(default_factory=list)
     staged: dict[int, Path] = field(default_factory=dict)
+    retiring: list[tuple[float, Path]] = field(default_factory=list)  # (monotonic time retired, staged copy)
 
     @property
     def newest(self) -> int:
@@ -139,11 +145,18 @@ class AdapterLoader:
         while len(self.loaded) > self.keep_versions:
             old = self.loaded.pop(0)
             self._post("/v1/unload_lora_adapter", {"lora_name": served_name(self.policy_id, old)})
-            shutil.rmtree(self.staged.pop(old), ignore_errors=True)
+            self.retiring.append((time.monotonic(), self.staged.pop(old)))
             retired.append(old)
+        self.remove_retired()
         report = LoadReport(event.version, name, staged, time.monotonic() - started, tuple(retired))
         log.info("serving %s (%.2fs); retired %s", name, report.load_s, retired or "none")
         return report
+
+    def remove_retired(self) -> None:
+        """Delete the staged copies of versions retired more than ``retired_grace_s`` ago."""
+        now = time.monotonic()
+        while self.retiring and now - self.retiring[0][0] >= self.retired_grace_s:
+            shutil.rmtree(self.retiring.pop(0)[1], ignore_errors=True)
 
     def _check_base(self, event: WeightVersionEvent, name: str) -> None:
         if self.base_fingerprint and event.base_fingerprint and event.base_fingerprint != self.base_fingerprint:
@@ -224,6 +237,7 @@ class WeightWatcher(BackgroundFollower):
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
             base_model=cfg.model.base_model_id,
+            retired_grace_s=cfg.inference.retired_adapter_grace_s,
         )
         self.catch_up_timeout_s = catch_up_timeout_s
         self.refused: list[tuple[int, str]] = []
@@ -281,6 +295,7 @@ class WeightWatcher(BackgroundFollower):
                 event = follower.poll(0.5)
                 if event is not None:
                     self._handle(event, producer)
+                self.loader.remove_retired()
                 producer.poll(0)
         finally:
             follower.close()

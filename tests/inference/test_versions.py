@@ -262,12 +262,18 @@ def test_a_server_with_an_empty_data_dir_catches_up_from_kafka_and_retires_beyon
         # The watcher loads the new version before it retires the oldest (never fewer than keep_versions served).
         _wait_for(lambda: "policy-v2" not in _served(vllm_server), "version 2 to be retired")
         assert _served(vllm_server) == {"policy-v0", "policy-v3", "policy-v4"}
+        # A request accepted under policy-v2 before the unload may still make vLLM reload it from its folder (and a
+        # missing folder kills vLLM's engine), so the retired copy outlives the unload by retired_adapter_grace_s.
+        staged = sorted(p.name for p in root.parent.iterdir())
+        assert staged == sorted(f"policy-v{v}-{events[v].sha256}" for v in (2, 3, 4))
     finally:
         watcher.stop()
     assert watcher.failed is None and watcher.newest_version == 4
+    watcher.loader.retired_grace_s = 0.0
+    watcher.loader.remove_retired()
     assert sorted(p.name for p in root.parent.iterdir()) == sorted(
         f"policy-v{v}-{events[v].sha256}" for v in (3, 4)
-    )  # the retired version's staged copy is gone
+    )  # once the grace period is over, the retired version's staged copy is gone
 
 
 def test_prometheus_endpoint_shows_the_served_version_loads_refusals_and_lag(
