@@ -6,6 +6,7 @@ pinned for the whole evaluation: the client reads the served versions once and n
 the version that acted, which the result reports, so a version retired mid-evaluation cannot go unnoticed.
 
 - :func:`evaluate`: the newest version the server serves now (optionally checking it is the expected one);
+- :func:`evaluate_policy`: any policy that answers as the client does (a scripted or random reference);
 - :class:`VersionEvaluator`: after the fact, published versions one by one, each verified and hot-loaded into a
   server of its own (ascending, so each is the newest when it is evaluated), so evaluation never competes with
   training for the CPU while the run is going.
@@ -90,31 +91,47 @@ async def evaluate(
         served = await client.refresh_versions()
         if version is not None and served != version:
             raise EvaluationError(f"expected version {version} to be served as the newest, the server has {served}")
-        queue: asyncio.Queue[Task] = asyncio.Queue()
-        for task in tasks:
-            queue.put_nowait(task)
-        outcomes = []
+        return await evaluate_policy(cfg, tasks, client, concurrency=concurrency, version=served)
 
-        async def worker(env: DeviceEnv) -> None:
-            try:
-                while not queue.empty():
-                    task = queue.get_nowait()
-                    outcome = await run_episode(env, task, client, cfg.inference.mode, episode_id=uuid.uuid4().hex)
-                    outcomes.append(outcome)
-                    if outcome.termination is Termination.ENV_ERROR:
-                        await env.close()
-                        env = make_env(cfg.env)
-            finally:
-                await env.close()
 
-        await asyncio.gather(*(worker(make_env(cfg.env)) for _ in range(max(1, min(concurrency, len(tasks))))))
+async def evaluate_policy(
+    cfg: Config, tasks: Sequence[Task], policy: InferenceClient, *, concurrency: int = 8, version: int = 0
+) -> EvalResult:
+    """Run each task once with ``policy`` (anything that answers ``act`` as the client does), as :func:`evaluate`.
+
+    Args:
+        cfg: environment and inference mode settings.
+        tasks: the tasks.
+        policy: the actor: a pinned client, or a scripted/random reference
+            (:class:`~distrl_stream.testing.scripted.ScriptedPolicy`).
+        concurrency: environments running at once.
+        version: the version reported in the result.
+    """
+    queue: asyncio.Queue[Task] = asyncio.Queue()
+    for task in tasks:
+        queue.put_nowait(task)
+    outcomes = []
+
+    async def worker(env: DeviceEnv) -> None:
+        try:
+            while not queue.empty():
+                task = queue.get_nowait()
+                outcome = await run_episode(env, task, policy, cfg.inference.mode, episode_id=uuid.uuid4().hex)
+                outcomes.append(outcome)
+                if outcome.termination is Termination.ENV_ERROR:
+                    await env.close()
+                    env = make_env(cfg.env)
+        finally:
+            await env.close()
+
+    await asyncio.gather(*(worker(make_env(cfg.env)) for _ in range(max(1, min(concurrency, len(tasks))))))
     by_template: dict[str, tuple[int, int]] = {}
     for o in outcomes:
         won, ran = by_template.get(o.task.template, (0, 0))
         by_template[o.task.template] = (won + o.success, ran + 1)
     errors = sum(o.termination in (Termination.ENV_ERROR, Termination.INFERENCE_ERROR) for o in outcomes)
     return EvalResult(
-        version=served,
+        version=version,
         episodes=len(outcomes),
         successes=sum(o.success for o in outcomes),
         by_template=dict(sorted(by_template.items())),

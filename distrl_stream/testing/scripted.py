@@ -1,7 +1,8 @@
 """A scripted policy for the simulated phone: the oracle, with a given share of uniformly random actions.
 
 It plays where a model would (``run_episode``), so its episodes are ordinary trajectories: the demonstrations of an
-offline warm start (``bench/learning.py`` clones a noisy one before RL), or random-play data for tests.
+offline warm start (``bench/learning.py`` clones a noisy one before RL), random-play data for tests, or the random
+reference of a benchmark in any environment (no oracle: ``env`` None, ``noise`` 1).
 """
 
 from __future__ import annotations
@@ -23,12 +24,23 @@ class ScriptedPolicy:
     It answers like :class:`~distrl_stream.inference.client.InferenceClient` (``act``), so the collector's own
     episode loop records its episodes; the actions are tokenised as the policy's tokenizer spells them, and the
     behaviour log-prob is the scripted policy's own probability of the chosen candidate. ``noise`` 1 is uniform
-    random play; ``version`` is the policy version its steps are tagged with.
+    random play, the only setting without a simulator to ask (``env`` None: any environment with candidates);
+    ``version`` is the policy version its steps are tagged with.
+
+    Raises:
+        ValueError: ``env`` is None and ``noise`` is below 1 (there is no oracle to follow).
     """
 
     def __init__(
-        self, env: SimEnv, tokenizer: PreTrainedTokenizerBase, noise: float, rng: random.Random, version: int = 0
+        self,
+        env: SimEnv | None,
+        tokenizer: PreTrainedTokenizerBase,
+        noise: float,
+        rng: random.Random,
+        version: int = 0,
     ) -> None:
+        if env is None and noise < 1:
+            raise ValueError(f"ScriptedPolicy: noise {noise} follows the simulator's oracle: pass env, or noise 1")
         self.env = env
         self.tokenizer = tokenizer
         self.noise = noise
@@ -38,7 +50,7 @@ class ScriptedPolicy:
     async def act(self, prompt: str, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> ActionResult:
         options = list(candidates or ())
         try:
-            oracle = self.env.oracle_action()
+            oracle = self.env.oracle_action() if self.env is not None else None
         except OracleError:  # a random action made the task impossible (e.g. deleted the alarm to turn on)
             oracle = None
         best = oracle.to_text() if oracle is not None else self.rng.choice(options)

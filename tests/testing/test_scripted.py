@@ -47,3 +47,12 @@ def test_with_full_noise_it_plays_uniformly_among_the_candidates(tokenizer: obje
     result, _oracle, options = _first_action(tokenizer, noise=1.0)
     assert result.text in options
     assert result.logprob == pytest.approx(-math.log(len(options)))
+
+
+def test_without_a_simulator_it_plays_uniformly_and_refuses_to_script(tokenizer: object) -> None:
+    options = ["tap(1)", "tap(2)", "tap(3)", "back()"]
+    policy = ScriptedPolicy(None, tokenizer, noise=1.0, rng=random.Random(0))  # type: ignore[arg-type]
+    picked = {asyncio.run(policy.act("prompt", options)).text for _ in range(40)}
+    assert picked == set(options)  # every candidate, from random play alone
+    with pytest.raises(ValueError, match=r"noise 0\.5 follows the simulator's oracle"):
+        ScriptedPolicy(None, tokenizer, noise=0.5, rng=random.Random(0))  # type: ignore[arg-type]
