@@ -165,6 +165,13 @@ class LearnerConfig(Section):
     entropy_coef: float = Field(
         0.05, ge=0.0, description="Entropy bonus β. Source: authors' code (entropy_coeff 0.05 when entropy is on)."
     )
+    trust_region: float = Field(
+        0.0,
+        ge=0.0,
+        description="A-RIDE: ε of a PPO-style trust region on the policy-gradient term: a step stops pushing its "
+        "action once ρ left [1 − ε, 1 + ε] in its advantage's direction. 0: none (the paper's loss). Source: ours "
+        "(docs/learner.md, Stability).",
+    )
     invalid_penalty: float = Field(
         0.1, ge=0.0, description="Invalid-action penalty λ_inv. Source: authors' code (lambda_penalty 0.1)."
     )
