@@ -1,4 +1,4 @@
-"""Training efficiency: A-RIDE with asynchronous collection vs synchronous DigiRL-style rounds vs filtered BC.
+"""Training efficiency and ablations: A-RIDE async vs DigiRL (async and sync rounds) vs filtered BC, and A-RIDE's parts.
 
 The paper's claim (DistRL §5): about 3x training efficiency over synchronous multi-machine DigiRL. Measured here
 side by side in one run, on the same machine, for the same wall-clock budget per method:
@@ -8,7 +8,19 @@ side by side in one run, on the same machine, for the same wall-clock budget per
 - **digirl_sync** (DigiRL multi-machine): rounds. Each env runs one episode on version v (barrier at the slowest),
   the learner (round mode, ``round_episodes`` = K) does ``updates_per_version`` DigiRL-style updates (trajectory-critic
   top-quantile filter, binarised doubly-robust step advantage) and publishes v+1, the collector waits for it.
+- **digirl_async**: DigiRL's update rule on asynchronous collection (what changes is only the algorithm).
 - **filtered_bc_async**: asynchronous collection, the learner imitates successful episodes.
+
+Ablations of A-RIDE async (the paper's Table 3 asks the same question: which part matters), each one change:
+
+- **aride_no_retrace**: one-step TD targets (``retrace_lambda`` = 0, so every trace c_i is 0);
+- **aride_no_dper**: uniform replay (``dper_alpha`` = 0: P ∝ p⁰, and every IS weight is 1);
+- **aride_no_entropy**: no entropy bonus (``entropy_coef`` = 0; A-RIDE runs the paper's β = 0.05 otherwise).
+
+And one addition, the candidate fix for A-RIDE's oscillation on long runs (docs/learner.md, "Stability"):
+
+- **aride_trust_region**: A-RIDE async with a PPO-style trust region on the policy-gradient term
+  (``trust_region`` = 0.2).
 
 Same starting policy for all (an honest warm start, the paper's off-to-on setting): a noisy scripted policy (the
 simulator's oracle, replaced by a uniformly random candidate with probability ``--noise``) plays the train tasks into
@@ -16,8 +28,9 @@ a topic of its own; a short behaviour-cloning pass on that replayed topic (``Lea
 --from-replay`` path) gives the warm adapter, whose held-out success must be at most 50%. Each method's learner
 starts from it (``learner.init_adapter``) and publishes it as version 1.
 
-Same environments: the simulated phone in choice mode with heavy-tailed step latency (log-normal around a per-task
-scale spanning 100x, as DistRL reports for Android), K envs in one collector, one vLLM server (tiny local model).
+Same environments: the simulated phone in choice mode on 8 templates, three of them multi-step (two settings; a
+setting and an alarm; a contact added and called), with heavy-tailed step latency (log-normal around a per-task scale
+spanning 100x, as DistRL reports for Android), K envs in one collector, one vLLM server (tiny local model).
 
 Same split of the machine: DistRL's learner trains on a device of its own while workers collect, so the learner
 process gets one CPU core to itself and the vLLM server, the collector and the broker the other(s), for every method
@@ -25,12 +38,16 @@ process gets one CPU core to itself and the vLLM server, the collector and the b
 
 Evaluation happens after the fact, so it never takes CPU from training: every method's published versions (evenly
 spaced in time, at most ``--points`` of them, always the last) are verified and hot-loaded one by one into the same
-server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.collector.evaluation``).
+server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.collector.evaluation``),
+with the step latency off: it changes how long an episode takes, never its outcome (the sim's world depends on the
+task alone), and the slowest task would otherwise set the length of every evaluation.
 
 Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3; a method that never reaches 80% counts as
-the whole budget, and ``metrics`` says so); ``metrics`` has every method's curve, final success, the untrained and
-warm-start success, and the run's settings. Time of a version = when the learner published it, from the moment the
-method's processes were launched.
+the whole budget, and ``metrics`` says so); ``metrics`` has, per method, the time to 80% (or None), final and best
+held-out success, the area under the success curve (``auc``: mean held-out success over the budget, the curve held
+flat before its first and after its last point), the curve itself, the learner's own statistics over time (entropy,
+ρ, critic error, advantage), the untrained and warm-start success, and the run's settings. Time of a version = when
+the learner published it, from the moment the method's processes were launched.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores]`` writes
 ``bench/results/learning.json`` and ``bench/results/learning.png``.
@@ -40,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -61,7 +79,7 @@ from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, eva
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config, sync_round_episodes
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
-from distrl_stream.events import WeightVersionEvent, decode, epoch_ms
+from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
 from distrl_stream.inference.server import InferenceServer, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.broker import EmbeddedBroker
@@ -78,15 +96,23 @@ TARGET_RATIO = 3.0
 TARGET_SUCCESS = 0.8
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
 
-# Templates whose instructions the tiny model tells apart by their first words (music_option's "Turn on Shuffle in
-# Music" is confused with turn_on_setting's "Turn on Wi-Fi": docs/learner.md), each needing two right choices.
-TEMPLATES = ["take_photo", "turn_on_setting", "alarm_on"]
-# The learner's settings shared by every method: the CPU/tiny-model profile of docs/learner.md (the paper's loss plus
-# a critic warm-up and batch-centred advantages, which keep A-RIDE from drifting; the baselines ignore both).
+# Five one-goal templates and three multi-step ones (two goals in one instruction, 3 to 6 right choices).
+TEMPLATES = [
+    "take_photo",
+    "turn_on_setting",
+    "alarm_on",
+    "create_note",
+    "send_message",
+    "two_settings",
+    "airplane_and_alarm",
+    "add_contact_and_call",
+]
+# The learner's settings shared by every method: the CPU/tiny-model profile of docs/learner.md (the paper's loss,
+# entropy bonus and invalid-action penalty at their defaults, plus a critic warm-up and batch-centred advantages,
+# which keep A-RIDE from drifting; the baselines ignore all of these).
 LEARNER = {
     "policy_lr": 1e-3,
     "critic_lr": 1e-3,
-    "entropy_coef": 0.0,
     "critic_warmup_updates": 20,
     "advantage_centering": True,
     "batch_episodes": 8,
@@ -99,11 +125,32 @@ LEARNER = {
     "threads": 1,
 }
 WARM_LR = 3e-3
+# Each method: its update rule, its collection mode, and what it changes in LEARNER.
 METHODS: dict[str, dict[str, Any]] = {
     "aride_async": {"algorithm": "aride", "mode": "async"},
-    "digirl_sync": {"algorithm": "digirl", "mode": "sync"},
+    "digirl_async": {"algorithm": "digirl", "mode": "async"},
     "filtered_bc_async": {"algorithm": "filtered_bc", "mode": "async"},
+    "digirl_sync": {"algorithm": "digirl", "mode": "sync"},
+    "aride_no_retrace": {"algorithm": "aride", "mode": "async", "learner": {"retrace_lambda": 0.0}},
+    "aride_no_dper": {"algorithm": "aride", "mode": "async", "learner": {"dper_alpha": 0.0}},
+    "aride_no_entropy": {"algorithm": "aride", "mode": "async", "learner": {"entropy_coef": 0.0}},
+    "aride_trust_region": {"algorithm": "aride", "mode": "async", "learner": {"trust_region": 0.2}},
 }
+# Drawn beside aride_async in the plot's second panel.
+ABLATIONS = ("aride_no_retrace", "aride_no_dper", "aride_no_entropy", "aride_trust_region")
+# The learner statistics kept per method (from its MetricEvents), to see why a curve moves the way it does.
+LEARNER_STATS = (
+    "updates",
+    "entropy",
+    "loss_critic",
+    "value_error",
+    "advantage_mean",
+    "advantage_std",
+    "rho_mean",
+    "rho_clipped_frac",
+    "batch_success",
+    "batch_lag_mean",
+)
 
 log = logging.getLogger("bench.learning")
 
@@ -175,6 +222,7 @@ class TrainRun:
     versions: list[WeightVersionEvent] = field(default_factory=list)
     trajectories: int = 0
     learner_updates: int = 0
+    learner_stats: list[dict[str, float]] = field(default_factory=list)
 
     def seconds(self, event: WeightVersionEvent) -> float:
         """When ``event`` was published, from the launch."""
@@ -201,6 +249,7 @@ def train(
         "run": run,
         "learner": {
             **base["learner"],
+            **spec.get("learner", {}),
             "algorithm": spec["algorithm"],
         },
         "collector": {
@@ -257,6 +306,12 @@ def train(
     result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
     result.trajectories = sum(1 for _ in read_topic(cfg.kafka, topics.trajectories))
     result.learner_updates = max((e.learner_step for e in versions), default=0)
+    for msg in read_topic(cfg.kafka, topics.metrics):
+        metric = decode(msg.value(), MetricEvent)
+        if metric.role == "learner" and "updates" in metric.values:
+            seconds = metric.timestamp.timestamp() - launched
+            kept = {k: metric.values[k] for k in LEARNER_STATS if k in metric.values}
+            result.learner_stats.append({"seconds": round(seconds, 1), **kept})
     log.info("%s: %d versions, %d trajectories in %.0fs", method, len(versions), result.trajectories, budget_s)
     return result
 
@@ -287,16 +342,23 @@ def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVer
 
 
 async def evaluate_curve(
-    cfg: Config, server_url: str, staging: Path, run: TrainRun, picked: list[WeightVersionEvent], tasks: list[Any]
+    cfg: Config,
+    server_url: str,
+    staging: Path,
+    run: TrainRun,
+    picked: list[WeightVersionEvent],
+    tasks: list[Any],
+    concurrency: int = 16,
 ) -> list[dict[str, Any]]:
-    """Held-out success of each picked version, in ascending order, on the evaluation server."""
+    """Held-out success of each picked version, in ascending order, on the evaluation server (``concurrency``
+    environments at a time)."""
     evaluator = VersionEvaluator(cfg, server_url, staging)
     curve = []
     try:
         with progress_bar(f"{run.method}: evaluating versions") as update:
             for done, event in enumerate(picked):
                 update(done, len(picked))
-                result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=16)
+                result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=concurrency)
                 curve.append(
                     {
                         "version": event.version,
@@ -318,24 +380,42 @@ def time_to(curve: list[dict[str, Any]], target: float) -> float | None:
     return next((p["seconds"] for p in curve if p["success"] >= target), None)
 
 
+def area_under(curve: list[dict[str, Any]], budget_s: float) -> float | None:
+    """Mean held-out success over ``[0, budget_s]``: trapezoids between points, flat before the first and after the
+    last (so 1.0 only for a method at 100% from the start)."""
+    if not curve:
+        return None
+    points = [(0.0, curve[0]["success"])] + [(min(p["seconds"], budget_s), p["success"]) for p in curve]
+    points.append((budget_s, curve[-1]["success"]))
+    area = sum((t1 - t0) * (s0 + s1) / 2 for (t0, s0), (t1, s1) in itertools.pairwise(points))
+    return area / budget_s
+
+
 def plot(curves: dict[str, list[dict[str, Any]]], untrained: float, budget_s: float, path: Path) -> None:
-    """Held-out success over wall-clock time, one line per method."""
+    """Held-out success over wall-clock time: the methods on the left, A-RIDE and its ablations on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for method, curve in curves.items():
-        ax.plot([p["seconds"] / 60 for p in curve], [p["success"] for p in curve], marker="o", label=method)
-    ax.axhline(TARGET_SUCCESS, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET_SUCCESS:.0%}")
-    ax.axhline(untrained, color="black", linestyle=":", linewidth=1, label="untrained")
-    ax.set_xlim(0, budget_s / 60)
-    ax.set_ylim(0, 1)
-    ax.set_xlabel("wall-clock minutes since launch")
-    ax.set_ylabel("held-out success")
-    ax.set_title("Held-out success over time (same budget, same envs, same warm start)")
-    ax.legend(loc="lower right")
+    panels = {
+        "methods (same warm start)": [m for m in curves if m not in ABLATIONS],
+        "A-RIDE: ablations and the trust region": [m for m in curves if m == "aride_async" or m in ABLATIONS],
+    }
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    for ax, (title, methods) in zip(axes, panels.items(), strict=True):
+        for method in methods:
+            curve = curves[method]
+            ax.plot([p["seconds"] / 60 for p in curve], [p["success"] for p in curve], marker="o", label=method)
+        ax.axhline(TARGET_SUCCESS, color="grey", linestyle="--", linewidth=1, label=f"target {TARGET_SUCCESS:.0%}")
+        ax.axhline(untrained, color="black", linestyle=":", linewidth=1, label="untrained")
+        ax.set_xlim(0, budget_s / 60)
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("wall-clock minutes since launch")
+        ax.set_title(title)
+        ax.legend(loc="lower right", fontsize=8)
+    axes[0].set_ylabel("held-out success")
+    fig.suptitle(f"Held-out success over time ({len(TEMPLATES)} sim templates, same budget, same envs)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -354,9 +434,9 @@ def main() -> None:
     parser.add_argument("--latency-mean", type=float, default=0.5, help="mean sim step latency in seconds")
     parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default 40 quick, 80 full)")
     parser.add_argument("--points", type=int, default=8, help="versions evaluated per method")
-    parser.add_argument("--noise", type=float, default=0.5, help="scripted policy's random-action probability")
+    parser.add_argument("--noise", type=float, default=0.3, help="scripted policy's random-action probability")
     parser.add_argument("--scripted-episodes", type=int, default=300, help="episodes of the scripted policy")
-    parser.add_argument("--bc-updates", type=int, default=200, help="behaviour-cloning updates of the warm start")
+    parser.add_argument("--bc-updates", type=int, default=600, help="behaviour-cloning updates of the warm start")
     parser.add_argument("--inference-url", help="use this running vLLM server (serving the tiny model) instead of one")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
     parser.add_argument(
@@ -404,7 +484,8 @@ def main() -> None:
                 # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
                 "artifacts": {"store": "file"},
             }
-            cfg = load_config(None, **base)
+            # Evaluation's settings: the same run and envs without step latency (see the module docstring).
+            cfg = load_config(None, **{**base, "env": {**base["env"], "latency": "none"}})
             tasks = held_out_tasks(cfg, eval_tasks)
 
             from transformers import AutoTokenizer
@@ -467,6 +548,9 @@ def main() -> None:
             "whole budget",
             "final_success": {m: c[-1]["success"] if c else None for m, c in curves.items()},
             "best_success": {m: max((p["success"] for p in c), default=None) for m, c in curves.items()},
+            "auc": {m: area_under(c, budget) for m, c in curves.items()},
+            "method_settings": {m: METHODS[m] for m in curves},
+            "learner_stats": {m: r.learner_stats for m, r in runs.items()},
             "untrained_success": untrained.success_rate,
             "untrained_by_template": untrained.by_template,
             "warm_start_success": warm.success_rate,
