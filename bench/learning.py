@@ -49,8 +49,9 @@ flat before its first and after its last point), the curve itself, the learner's
 ρ, critic error, advantage), the untrained and warm-start success, and the run's settings. Time of a version = when
 the learner published it, from the moment the method's processes were launched.
 
-Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores]`` writes
-``bench/results/learning.json`` and ``bench/results/learning.png``.
+Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
+[--templates T,…] [--out FILE]`` writes ``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE
+and the plot beside it).
 """
 
 from __future__ import annotations
@@ -91,7 +92,6 @@ from distrl_stream.policy.model import build_model
 from distrl_stream.testing.scripted import ScriptedPolicy
 
 RESULTS = Path(__file__).parent / "results" / "learning.json"
-PLOT = RESULTS.with_suffix(".png")
 TARGET_RATIO = 3.0
 TARGET_SUCCESS = 0.8
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
@@ -391,7 +391,9 @@ def area_under(curve: list[dict[str, Any]], budget_s: float) -> float | None:
     return area / budget_s
 
 
-def plot(curves: dict[str, list[dict[str, Any]]], untrained: float, budget_s: float, path: Path) -> None:
+def plot(
+    curves: dict[str, list[dict[str, Any]]], untrained: float, budget_s: float, templates: list[str], path: Path
+) -> None:
     """Held-out success over wall-clock time: the methods on the left, A-RIDE and its ablations on the right."""
     import matplotlib
 
@@ -415,7 +417,7 @@ def plot(curves: dict[str, list[dict[str, Any]]], untrained: float, budget_s: fl
         ax.set_title(title)
         ax.legend(loc="lower right", fontsize=8)
     axes[0].set_ylabel("held-out success")
-    fig.suptitle(f"Held-out success over time ({len(TEMPLATES)} sim templates, same budget, same envs)")
+    fig.suptitle(f"Held-out success over time ({len(templates)} sim templates, same budget, same envs)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -439,6 +441,8 @@ def main() -> None:
     parser.add_argument("--bc-updates", type=int, default=600, help="behaviour-cloning updates of the warm start")
     parser.add_argument("--inference-url", help="use this running vLLM server (serving the tiny model) instead of one")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated sim templates")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (the plot goes beside it, .png)")
     parser.add_argument(
         "--shared-cores",
         action="store_true",
@@ -448,6 +452,7 @@ def main() -> None:
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     methods = [m for m in args.methods.split(",") if m]
+    templates = [t for t in args.templates.split(",") if t]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
@@ -476,7 +481,7 @@ def main() -> None:
                 "model": {"base": str(model_dir)},
                 "inference": {"url": server_url, "request_timeout_s": 60.0},
                 "env": {
-                    "templates": TEMPLATES,
+                    "templates": templates,
                     "latency": "lognormal",
                     "latency_mean_s": args.latency_mean,
                 },
@@ -535,7 +540,7 @@ def main() -> None:
     async_t = t80.get("aride_async")
     sync_t = t80.get("digirl_sync")
     ratio = (sync_t if sync_t is not None else budget) / (async_t if async_t is not None else budget)
-    plot(curves, untrained.success_rate, budget, PLOT)
+    plot(curves, untrained.success_rate, budget, templates, args.out.with_suffix(".png"))
     result: dict[str, Any] = {
         "name": "learning",
         "quick": args.quick,
@@ -562,7 +567,7 @@ def main() -> None:
             "learner_updates": {m: r.learner_updates for m, r in runs.items()},
             "budget_s_per_method": budget,
             "envs": args.envs,
-            "templates": TEMPLATES,
+            "templates": templates,
             "latency": {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0},
             "eval_tasks": eval_tasks,
             "learner": LEARNER,
@@ -578,8 +583,8 @@ def main() -> None:
             },
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"} | {"t80": t80}, indent=2))
 
 
