@@ -71,22 +71,17 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(_log_end(path, 64 * 1024).splitlines()[-lines:])
 
 
-def first_exception(path: Path) -> str | None:
-    """The first line near the end of a log that names an exception (``SomeError: why``), or None.
+def log_report(path: Path) -> str:
+    """How a failed process is described: ``(log PATH)``, the first line near the log's end that names an exception
+    (``SomeError: why``) if any, then the log's tail.
 
     A process that dies of an error usually logs its cause first and then pages of shutdown noise, so the tail alone
     rarely shows why (vLLM's engine, for one).
     """
-    for line in _log_end(path, 256 * 1024).splitlines():
-        if _EXCEPTION_LINE.search(line):
-            return line.strip()
-    return None
-
-
-def log_report(path: Path) -> str:
-    """How a failed process is described: ``(log PATH)``, its :func:`first_exception` if any, then its tail."""
-    cause = first_exception(path)
-    return f"(log {path})" + (f"; first error: {cause}" if cause else "") + f":\n{log_tail(path)}"
+    lines = _log_end(path, 256 * 1024).splitlines()
+    cause = next((line.strip() for line in lines if _EXCEPTION_LINE.search(line)), None)
+    tail = "\n".join(lines[-LOG_TAIL_LINES:])
+    return f"(log {path})" + (f"; first error: {cause}" if cause else "") + f":\n{tail}"
 
 
 def descendants(pid: int) -> set[int]:
