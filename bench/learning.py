@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -69,6 +70,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +318,27 @@ def train(
     return result
 
 
+@contextlib.contextmanager
+def local_services(root: Path, inference_url: str | None = None) -> Iterator[tuple[Path, str, str]]:
+    """The tiny model, an embedded broker and a vLLM server on the model (or ``inference_url``), all under ``root``.
+
+    Yields (model folder, bootstrap servers, server URL); both services stop on the way out, whatever happened.
+    """
+    model_dir = build_model(root / "tiny", "tiny", seed=0)
+    broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
+    bootstrap = broker.start()
+    server = InferenceServer(
+        model_dir, InferenceConfig(port=0, startup_timeout_s=300.0), ModelConfig(), root / "vllm.log"
+    )
+    try:
+        if inference_url is None:
+            server.start()
+        yield model_dir, bootstrap, inference_url or server.url
+    finally:
+        server.stop()
+        broker.stop()
+
+
 def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
     """The learner's CPUs and everyone else's: one core of its own, as if on its own machine (None, None: shared).
 
@@ -463,16 +486,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         root = Path(tmp)
-        model_dir = build_model(root / "tiny", "tiny", seed=0)
-        broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
-        bootstrap = broker.start()
-        server = InferenceServer(
-            model_dir, InferenceConfig(port=0, startup_timeout_s=300.0), ModelConfig(), root / "vllm.log"
-        )
-        if args.inference_url is None:
-            server.start()
-        server_url = args.inference_url or server.url
-        try:
+        with local_services(root, args.inference_url) as (model_dir, bootstrap, server_url):
             prefix = f"bench-learning-{uuid.uuid4().hex[:6]}"
             base: dict[str, Any] = {
                 "run": prefix,
@@ -532,14 +546,12 @@ def main() -> None:
                 )
                 for m, r in runs.items()
             }
-        finally:
-            server.stop()
-            broker.stop()
 
     t80 = {m: time_to(c, TARGET_SUCCESS) for m, c in curves.items()}
     async_t = t80.get("aride_async")
     sync_t = t80.get("digirl_sync")
     ratio = (sync_t if sync_t is not None else budget) / (async_t if async_t is not None else budget)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(curves, untrained.success_rate, budget, templates, args.out.with_suffix(".png"))
     result: dict[str, Any] = {
         "name": "learning",
@@ -583,7 +595,6 @@ def main() -> None:
             },
         },
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"} | {"t80": t80}, indent=2))
 

@@ -40,13 +40,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from learning import LEARNER, area_under, evaluate_curve, pick_versions, split_cores, train
+from learning import LEARNER, area_under, evaluate_curve, local_services, pick_versions, split_cores, train
 
 from distrl_stream.collector.evaluation import evaluate, evaluate_policy, held_out_tasks
-from distrl_stream.config import InferenceConfig, ModelConfig, load_config
-from distrl_stream.inference.server import InferenceServer
-from distrl_stream.kafka.broker import EmbeddedBroker
-from distrl_stream.policy.model import build_model
+from distrl_stream.config import load_config
 from distrl_stream.testing.scripted import ScriptedPolicy
 
 RESULTS = Path(__file__).parent / "results" / "learning_miniwob.json"
@@ -99,20 +96,13 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-learning-miniwob-") as tmp:
         root = Path(tmp)
-        model_dir = build_model(root / "tiny", "tiny", seed=0)
-        broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
-        bootstrap = broker.start()
-        server = InferenceServer(
-            model_dir, InferenceConfig(port=0, startup_timeout_s=300.0), ModelConfig(), root / "vllm.log"
-        )
-        server.start()
-        try:
+        with local_services(root) as (model_dir, bootstrap, server_url):
             base: dict[str, Any] = {
                 "run": f"bench-miniwob-{uuid.uuid4().hex[:6]}",
                 "data_dir": str(root / "data"),
                 "kafka": {"bootstrap_servers": bootstrap},
                 "model": {"base": str(model_dir)},
-                "inference": {"url": server.url, "request_timeout_s": 60.0},
+                "inference": {"url": server_url, "request_timeout_s": 60.0},
                 "env": {"kind": "miniwob"},
                 "learner": dict(LEARNER),
                 "artifacts": {"store": "file"},
@@ -129,14 +119,11 @@ def main() -> None:
             )
             log.info("untrained %.2f, random %.2f", untrained.success_rate, random_play.success_rate)
 
-            run = train(METHOD, base, root, server.url, args.budget, args.envs, learner_cores)
+            run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)
             picked = pick_versions(run, args.budget, args.points)
             curve = asyncio.run(
-                evaluate_curve(cfg, server.url, root / "staging", run, picked, tasks, concurrency=args.eval_browsers)
+                evaluate_curve(cfg, server_url, root / "staging", run, picked, tasks, concurrency=args.eval_browsers)
             )
-        finally:
-            server.stop()
-            broker.stop()
 
     floor = 1 / args.eval_tasks
     final = curve[-1]["success"] if curve else 0.0
