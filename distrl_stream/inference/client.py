@@ -356,7 +356,10 @@ class InferenceClient:
                 raise InferenceError(
                     f"server {server.url} answered with {body.get('model')!r}, which its /v1/models does not list"
                 )
-        return _parse_completion(body, answered, mode, latency, server.url, server.listed[answered])
+        result = _parse_completion(body, answered, mode, latency, server.url, server.listed[answered])
+        if result.finish_reason == "abort":  # the server stopped mid-answer (shutting down): another one may answer
+            raise _ServerFailed(f"aborted the request after {result.text!r}")
+        return result
 
     async def _ensure_versions(self, server: Server) -> None:
         """Re-read the server's listing when it is older than ``version_poll_s``; one refresh at a time per server,
