@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -22,8 +23,30 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 40
 
 
+# Ports handed to another process are drawn below the kernel's ephemeral range: a port from that range (bind to 0)
+# can be taken by any process's outgoing connection or bind(0) before its new owner binds it, and vLLM alone binds
+# several while it starts (a child's metrics port was lost that way); below the range only an explicit bind competes.
+_LOWEST_HANDED_PORT = 10000
+_DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return _DEFAULT_EPHEMERAL_RANGE
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port, free a moment ago, for another process to bind: outside the ephemeral range when one is free."""
+    low, high = _ephemeral_range()
+    handed = max(range(_LOWEST_HANDED_PORT, low), range(high + 1, 65536), key=len)
+    for _ in range(200 if handed else 0):
+        port = random.choice(handed)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, contextlib.suppress(OSError):
+            sock.bind((host, port))
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])

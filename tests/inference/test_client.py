@@ -175,13 +175,15 @@ class FakePolicyServer:
 
     ``/v1/models`` lists ``policy-v0`` and ``policy-v<N>`` for each N of ``versions`` (rooted at
     ``/staging/policy-v<N>-<sha256>``); ``/v1/completions`` answers the first candidate with the model asked for.
-    ``status``: the HTTP status of completions (500 simulates a failing engine); ``hold``: set to make completions
-    wait until it is cleared.
+    ``status``: the HTTP status of completions (500 simulates a failing engine); ``finish_reason``: the one it
+    answers with ("abort" simulates a server stopping mid-answer); ``hold``: set to make completions wait until it is
+    cleared.
     """
 
     def __init__(self, versions: Sequence[int]) -> None:
         self.versions = list(versions)
         self.status = 200
+        self.finish_reason = "stop"
         self.completions = 0
         self.hold = threading.Event()
         self.release = threading.Event()
@@ -207,11 +209,13 @@ class FakePolicyServer:
                     self._send(fake.status, {"error": {"message": "engine dead"}})
                     return
                 text = body["structured_outputs"]["choice"][0]
+                if fake.finish_reason == "abort":
+                    text = text[: len(text) // 2]  # what vLLM returns for a request it aborted: a truncated answer
                 choice = {
                     "text": text,
                     "token_ids": [5, 6],
                     "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25]},
-                    "finish_reason": "stop",
+                    "finish_reason": fake.finish_reason,
                 }
                 self._send(200, {"model": body["model"], "choices": [choice]})
 
@@ -310,6 +314,18 @@ async def test_a_failing_server_is_routed_around_and_backed_off(
     assert failing.completions == 1  # backed off after its failure: not asked again
     assert (client.servers[0].failovers, client.servers[0].failures) == (1, 1)
     assert (client.servers[1].failovers, client.servers[1].requests) == (0, 3)
+
+
+async def test_an_answer_the_server_aborted_goes_to_another_server(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    stopping, healthy = fake_servers([1]), fake_servers([1])
+    stopping.finish_reason = "abort"
+    async with InferenceClient(_pool_cfg(stopping, healthy)) as client:
+        result = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+    # The truncated answer is never parsed as the policy's action: the healthy server's full one is.
+    assert (result.server, result.text, result.finish_reason) == (healthy.url, CHOICES[0], "stop")
+    assert stopping.completions == 1 and client.servers[0].failures == 1
 
 
 async def test_a_failed_server_is_tried_again_after_its_backoff(
