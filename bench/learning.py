@@ -50,8 +50,8 @@ flat before its first and after its last point), the curve itself, the learner's
 the learner published it, from the moment the method's processes were launched.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
-[--templates T,…] [--out FILE]`` writes ``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE
-and the plot beside it).
+[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--out FILE]`` writes ``bench/results/learning.json`` and
+``bench/results/learning.png`` (or FILE and the plot beside it).
 """
 
 from __future__ import annotations
@@ -79,7 +79,14 @@ from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
-from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config, sync_round_episodes
+from distrl_stream.config import (
+    Config,
+    InferenceConfig,
+    LearnerConfig,
+    ModelConfig,
+    load_config,
+    sync_round_episodes,
+)
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
@@ -138,8 +145,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "aride_no_entropy": {"algorithm": "aride", "mode": "async", "learner": {"entropy_coef": 0.0}},
     "aride_trust_region": {"algorithm": "aride", "mode": "async", "learner": {"trust_region": 0.2}},
 }
-# Drawn beside aride_async in the plot's second panel.
-ABLATIONS = ("aride_no_retrace", "aride_no_dper", "aride_no_entropy", "aride_trust_region")
+# The plot's first panel; every other method (ablations, --variant) is drawn beside aride_async in the second.
+BASELINES = ("aride_async", "digirl_async", "filtered_bc_async", "digirl_sync")
 # The learner statistics kept per method (from its MetricEvents), to see why a curve moves the way it does.
 LEARNER_STATS = (
     "updates",
@@ -424,8 +431,8 @@ def plot(
     import matplotlib.pyplot as plt
 
     panels = {
-        "methods (same warm start)": [m for m in curves if m not in ABLATIONS],
-        "A-RIDE: ablations and the trust region": [m for m in curves if m == "aride_async" or m in ABLATIONS],
+        "methods (same warm start)": [m for m in curves if m in BASELINES],
+        "A-RIDE: ablations and variants": [m for m in curves if m == "aride_async" or m not in BASELINES],
     }
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     for ax, (title, methods) in zip(axes, panels.items(), strict=True):
@@ -451,6 +458,23 @@ def plot(
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME:FIELD=VALUE,…`` → (name, learner fields); values are JSON where they parse (numbers, null, true)."""
+    name, _, assignments = text.partition(":")
+    settings: dict[str, Any] = {}
+    for assignment in filter(None, assignments.split(",")):
+        key, sep, raw = assignment.partition("=")
+        if not sep or key not in LearnerConfig.model_fields:
+            raise argparse.ArgumentTypeError(f"{assignment!r}: expected FIELD=VALUE with a [learner] field")
+        try:
+            settings[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            settings[key] = raw
+    if not name or not settings or name in METHODS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a new NAME:FIELD=VALUE,…")
+    return name, settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="90 s per method and fewer evaluation tasks")
@@ -464,6 +488,14 @@ def main() -> None:
     parser.add_argument("--bc-updates", type=int, default=600, help="behaviour-cloning updates of the warm start")
     parser.add_argument("--inference-url", help="use this running vLLM server (serving the tiny model) instead of one")
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=parse_variant,
+        metavar="NAME:FIELD=VALUE,…",
+        help="also run A-RIDE async with these learner fields changed (repeatable; e.g. lr3e-4:policy_lr=3e-4)",
+    )
     parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated sim templates")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file (the plot goes beside it, .png)")
     parser.add_argument(
@@ -474,7 +506,11 @@ def main() -> None:
     args = parser.parse_args()
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
-    methods = [m for m in args.methods.split(",") if m]
+    for name, settings in args.variant:
+        METHODS[name] = {"algorithm": "aride", "mode": "async", "learner": settings}
+    methods = [m for m in args.methods.split(",") if m] + [name for name, _settings in args.variant]
+    if unknown := [m for m in methods if m not in METHODS]:
+        parser.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
     templates = [t for t in args.templates.split(",") if t]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -244,6 +244,16 @@ class LearnerConfig(Section):
         description="Drop (count as stale) trajectories with a step more than this many versions behind the "
         "learner's current version. Source: ours.",
     )
+    # Arrival is not enough: an episode admitted 3 versions behind is still replayed after hundreds of updates, and
+    # the policy then learns from what an old policy did (docs/learner.md, "Stability", measures what that does).
+    max_sample_lag: int | None = Field(
+        None,
+        ge=0,
+        description="Replay only recent behaviour: an episode with a step more than this many versions behind the "
+        "learner's current version leaves the buffer (counted as aged out) as soon as the version moves past it, "
+        "and is dropped on arrival if it is already that old. None: episodes stay until the buffer's capacity "
+        "evicts them. Source: ours.",
+    )
     advantage_centering: bool = Field(
         False,
         description="A-RIDE: subtract each batch's mean advantage before the policy loss (a batch baseline). "

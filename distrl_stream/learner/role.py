@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 import uuid
@@ -85,7 +86,8 @@ class Counters:
     """What the learner has done, cumulative over restarts (saved in checkpoints)."""
 
     ingested: int = 0  # episodes put in the buffer
-    stale: int = 0  # dropped: more than drop_above_policy_lag versions behind
+    stale: int = 0  # dropped on arrival: more than drop_above_policy_lag (or max_sample_lag) versions behind
+    aged_out: int = 0  # removed from the buffer once more than max_sample_lag versions behind
     incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
     dead: int = 0  # undecodable or unusable records (dead-lettered)
     rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
@@ -160,6 +162,7 @@ class Learner:
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: trajectories of the current version since the last publish
         self._round_updates_left = 0
+        self._aged_at: int | None = None  # the version max_sample_lag last aged the buffer out at
         self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
@@ -321,6 +324,7 @@ class Learner:
                 if self._reader.failed is not None:
                     raise LearnerError(f"trajectory reader failed: {self._reader.failed}") from self._reader.failed
                 self._ingest(self._reader.drain(512))
+                self._age_out()
                 ready = self._should_update()
                 # One collective per iteration on every member: update if any can, stop if any must.
                 go, stopping, version = self.group.exchange([float(ready), float(stop.is_set()), float(self.version)])
@@ -406,7 +410,7 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > self.settings.drop_above_policy_lag:
+        if max(lags) > min(self.settings.drop_above_policy_lag, self._max_sample_lag()):
             self.counters.stale += 1
             return "stale"
         try:
@@ -421,6 +425,19 @@ class Learner:
             self.prometheus.policy_lag.observe(lag)
         self.counters.ingested += 1
         return "ingested"
+
+    def _max_sample_lag(self) -> float:
+        limit = self.settings.max_sample_lag
+        return math.inf if limit is None else limit
+
+    def _age_out(self) -> None:
+        """Remove the episodes that ``max_sample_lag`` no longer lets an update sample (once per version)."""
+        if self.settings.max_sample_lag is None or self._aged_at == self.version:
+            return
+        self._aged_at = self.version
+        oldest_kept = self.version - self.settings.max_sample_lag
+        old = [k for k, episode in self.buffer.items() if min(s.policy_version for s in episode.steps) < oldest_kept]
+        self.counters.aged_out += len(self.buffer.remove(old))
 
     # -- updates, versions, checkpoints --------------------------------------------------------------------------
 
@@ -648,6 +665,7 @@ class Learner:
             "replay_ratio": self.replay_ratio(),
             "trajectories_ingested": float(self.counters.ingested),
             "trajectories_dropped_stale": float(self.counters.stale),
+            "trajectories_aged_out": float(self.counters.aged_out),
             "trajectories_dropped_incomplete": float(self.counters.incomplete),
             "trajectories_dead_lettered": float(self.counters.dead),
             "trajectories_rejected": float(self.counters.rejected + trainer.rejected),

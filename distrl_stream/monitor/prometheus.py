@@ -287,6 +287,12 @@ class LearnerMetrics(RoleMetrics):
             },
             "status",
         )
+        self.counter(
+            f"{p}_episodes_aged_out",
+            "Ingested episodes removed from the replay buffer for being more than learner.max_sample_lag versions "
+            "behind.",
+            lambda: counters().aged_out,
+        )
         self.counter(f"{p}_dlq_records", "Records of {run}.trajectories sent to the DLQ.", lambda: counters().dead)
         self.counter(f"{p}_versions_published", "Weight versions published.", lambda: counters().published)
         self.counter(f"{p}_updates", "Updates done.", updates)
