@@ -180,7 +180,7 @@ async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: flo
             env = SimEnv()
             task = rng.choice(tasks)
             policy = ScriptedPolicy(env, tokenizer, noise, rng)
-            outcome = await run_episode(env, task, policy, "choice", episode_id=uuid.uuid4().hex)  # type: ignore[arg-type]
+            outcome = await run_episode(env, task, policy, "choice", episode_id=uuid.uuid4().hex)
             wins += outcome.success
             event = outcome.to_event(
                 run=cfg.run, collector_id="scripted", mode="choice", base_model=cfg.model.base_model_id

@@ -114,9 +114,7 @@ def main() -> None:
             from transformers import AutoTokenizer
 
             random_policy = ScriptedPolicy(None, AutoTokenizer.from_pretrained(model_dir), 1.0, random.Random(0))
-            random_play = asyncio.run(
-                evaluate_policy(cfg, tasks, random_policy, concurrency=args.eval_browsers)  # type: ignore[arg-type]
-            )
+            random_play = asyncio.run(evaluate_policy(cfg, tasks, random_policy, concurrency=args.eval_browsers))
             log.info("untrained %.2f, random %.2f", untrained.success_rate, random_play.success_rate)
 
             run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)

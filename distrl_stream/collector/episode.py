@@ -11,19 +11,29 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from distrl_stream.envs.base import DeviceEnv, Observation, Task
 from distrl_stream.events import Step, Tensor, Termination, TrajectoryEvent, utc_now
-from distrl_stream.inference.client import InferenceClient, Mode
+from distrl_stream.inference.client import ActionResult, Mode
 from distrl_stream.policy.prompt import build_prompt
 
 log = logging.getLogger(__name__)
+
+
+class Policy(Protocol):
+    """What acts in an episode: the inference client, or a scripted/random reference
+    (:class:`~distrl_stream.testing.scripted.ScriptedPolicy`)."""
+
+    async def act(
+        self, prompt: str, candidates: Sequence[str] | None = None, *, mode: Mode = "choice"
+    ) -> ActionResult: ...
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,7 @@ StepCallback = Callable[[Step], None]
 async def run_episode(
     env: DeviceEnv,
     task: Task,
-    policy: InferenceClient,
+    policy: Policy,
     mode: Mode,
     *,
     episode_id: str,
@@ -140,7 +150,7 @@ async def run_episode(
     Args:
         env: the environment (this call owns it until it returns).
         task: what to do.
-        policy: the inference client.
+        policy: what acts (:class:`Policy`: the inference client, or a scripted reference).
         mode: ``choice`` or ``free``.
         episode_id: the id to record.
         on_step: called with each recorded step (metrics).

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrl_stream.collector.episode import run_episode
+from distrl_stream.collector.episode import Policy, run_episode
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv, Task
 from distrl_stream.envs.factory import make_env
@@ -95,7 +95,7 @@ async def evaluate(
 
 
 async def evaluate_policy(
-    cfg: Config, tasks: Sequence[Task], policy: InferenceClient, *, concurrency: int = 8, version: int = 0
+    cfg: Config, tasks: Sequence[Task], policy: Policy, *, concurrency: int = 8, version: int = 0
 ) -> EvalResult:
     """Run each task once with ``policy`` (anything that answers ``act`` as the client does), as :func:`evaluate`.
 

@@ -21,7 +21,7 @@ def _play(tiny_model_dir: Path, horizon: int) -> tuple[SimEnv, TrajectoryEvent]:
     task = dataclasses.replace(sim_tasks("train", 1, ["take_photo"])[0], horizon=horizon)
     env = SimEnv()
     policy = ScriptedPolicy(env, tokenizer, noise=0.0, rng=random.Random(0))  # the oracle: no random ending
-    outcome = asyncio.run(run_episode(env, task, policy, "choice", episode_id="e1"))  # type: ignore[arg-type]
+    outcome = asyncio.run(run_episode(env, task, policy, "choice", episode_id="e1"))
     return env, outcome.to_event(run="r", collector_id="c", mode="choice", base_model="tiny")
 
 
