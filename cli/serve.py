@@ -61,6 +61,8 @@ def serve(
             from distrl_stream.inference.versions import WeightWatcher
 
             watcher = WeightWatcher(cfg, server_url=server.url, model_dir=server.model_dir)
+            # The staging folder is this server's: what a killed predecessor left there is never loaded again.
+            watcher.loader.clear_staging()
             watcher.start()
         err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
         shown, refused = 0, 0
@@ -83,4 +85,6 @@ def serve(
         if watcher is not None:
             watcher.stop()
         server.stop()
+        if watcher is not None:
+            watcher.loader.clear_staging()  # vLLM is gone: nothing can reload a staged copy now
         err_console.print("server stopped", highlight=False)

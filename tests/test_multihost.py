@@ -62,8 +62,9 @@ def test_learner_two_servers_and_two_collectors_share_nothing_but_the_broker(
 
     ports = [free_port(), free_port()]
     urls = [f"http://127.0.0.1:{port}" for port in ports]
-    for i, port in enumerate(ports):
-        processes.start([CLI, "serve", *run, "--port", str(port)], host(f"server{i}"))
+    servers = [
+        processes.start([CLI, "serve", *run, "--port", str(port)], host(f"server{i}")) for i, port in enumerate(ports)
+    ]
     base = served_name(cfg.model.policy_id, 0)
     processes.wait_for("both servers", lambda: all(base in _listed(url) for url in urls), 420)
     learner = processes.start([CLI, "learn", *run, "--threads", "1"], host("learner"))
@@ -126,6 +127,10 @@ def test_learner_two_servers_and_two_collectors_share_nothing_but_the_broker(
     assert {s.server for s in steps} == set(urls)
     for step in steps:
         assert step.adapter_sha256 == published[step.policy_version].sha256, (step.server, step.policy_version)
+    # A server that stops leaves none of its staged copies behind (its vLLM can no longer reload them).
+    assert processes.stop(servers[0], 120) == 0, processes.tail()
+    serving = tmp_path / "server0" / "runs" / cfg.run / "serving"
+    assert not [p for p in serving.rglob("*") if p.is_file()], sorted(serving.rglob("*"))
     reports = {c: processes.report(c) for c in collectors}
     assert all(
         r["delivered"] == r["episodes"] and r["by_termination"].get("inference_error", 0) == 0 for r in reports.values()

@@ -158,6 +158,14 @@ class AdapterLoader:
         while self.retiring and now - self.retiring[0][0] >= self.retired_grace_s:
             shutil.rmtree(self.retiring.pop(0)[1], ignore_errors=True)
 
+    def clear_staging(self) -> None:
+        """Delete every staged copy. Only while no vLLM process can still load from them: before this server's vLLM
+        loaded anything (leftovers of a killed predecessor) or after it stopped."""
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+        self.loaded.clear()
+        self.staged.clear()
+        self.retiring.clear()
+
     def _check_base(self, event: WeightVersionEvent, name: str) -> None:
         if self.base_fingerprint and event.base_fingerprint and event.base_fingerprint != self.base_fingerprint:
             raise AdapterVerificationError(
