@@ -28,6 +28,8 @@ LOG_TAIL_LINES = 40
 # several while it starts (a child's metrics port was lost that way); below the range only an explicit bind competes.
 _LOWEST_HANDED_PORT = 10000
 _DEFAULT_EPHEMERAL_RANGE = (32768, 60999)
+# The OS's entropy, not the global generator: a process that seeds `random` must not hand out a predictable sequence.
+_PORT_RNG = random.SystemRandom()
 
 
 def _ephemeral_range() -> tuple[int, int]:
@@ -43,7 +45,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     low, high = _ephemeral_range()
     handed = max(range(_LOWEST_HANDED_PORT, low), range(high + 1, 65536), key=len)
     for _ in range(200 if handed else 0):
-        port = random.choice(handed)
+        port = _PORT_RNG.choice(handed)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock, contextlib.suppress(OSError):
             sock.bind((host, port))
             return port

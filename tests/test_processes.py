@@ -24,7 +24,7 @@ def test_a_port_already_bound_is_never_handed(monkeypatch: pytest.MonkeyPatch) -
         taken.bind(("127.0.0.1", 0))
         busy = taken.getsockname()[1]
         # Every candidate is the busy port: the search gives up and lets the OS pick.
-        monkeypatch.setattr(processes.random, "choice", lambda _ports: busy)
+        monkeypatch.setattr(processes._PORT_RNG, "choice", lambda _ports: busy)
         assert free_port() != busy
 
 
