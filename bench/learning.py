@@ -471,8 +471,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
             settings[key] = json.loads(raw)
         except json.JSONDecodeError:
             settings[key] = raw
-    if not name or not settings or name in METHODS:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a new NAME:FIELD=VALUE,…")
+    if not name or not settings:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:FIELD=VALUE,…")
     return name, settings
 
 
@@ -508,6 +508,8 @@ def main() -> None:
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     for name, settings in args.variant:
+        if name in METHODS:  # a method's name is its run's name: two methods must never share one
+            parser.error(f"--variant {name}: that name is already a method")
         METHODS[name] = {"algorithm": "aride", "mode": "async", "learner": settings}
     methods = [m for m in args.methods.split(",") if m] + [name for name, _settings in args.variant]
     if unknown := [m for m in methods if m not in METHODS]:

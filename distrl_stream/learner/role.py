@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import threading
 import time
 import uuid
@@ -410,7 +409,7 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > min(self.settings.drop_above_policy_lag, self._max_sample_lag()):
+        if max(lags) > self._admission_lag_limit():
             self.counters.stale += 1
             return "stale"
         try:
@@ -426,17 +425,20 @@ class Learner:
         self.counters.ingested += 1
         return "ingested"
 
-    def _max_sample_lag(self) -> float:
-        limit = self.settings.max_sample_lag
-        return math.inf if limit is None else limit
+    def _admission_lag_limit(self) -> int:
+        """The most versions an arriving episode's oldest step may be behind: ``drop_above_policy_lag``, or
+        ``max_sample_lag`` when it is tighter (such an episode could never be sampled)."""
+        drop, sample = self.settings.drop_above_policy_lag, self.settings.max_sample_lag
+        return drop if sample is None else min(drop, sample)
 
     def _age_out(self) -> None:
         """Remove the episodes that ``max_sample_lag`` no longer lets an update sample (once per version)."""
-        if self.settings.max_sample_lag is None or self._aged_at == self.version:
+        limit = self.settings.max_sample_lag
+        if limit is None or self._aged_at == self.version:
             return
         self._aged_at = self.version
-        oldest_kept = self.version - self.settings.max_sample_lag
-        old = [k for k, episode in self.buffer.items() if min(s.policy_version for s in episode.steps) < oldest_kept]
+        # Judged like admission: on the episode's oldest step.
+        old = [k for k, e in self.buffer.items() if self.version - min(s.policy_version for s in e.steps) > limit]
         self.counters.aged_out += len(self.buffer.remove(old))
 
     # -- updates, versions, checkpoints --------------------------------------------------------------------------
