@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import itertools
 import json
 import logging
@@ -171,7 +172,11 @@ log = logging.getLogger("bench.learning")
 
 
 async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: float, seed: int) -> float:
-    """Play ``episodes`` train tasks with the scripted policy into ``{cfg.run}.trajectories``; returns its success."""
+    """Play ``episodes`` train tasks with the scripted policy into ``{cfg.run}.trajectories``; returns its success.
+
+    Everything random comes from ``seed``, episode ids included, so the recorded topic, and the warm start cloned from
+    it, are the same in every run with the same flags.
+    """
     rng = random.Random(seed)
     tasks = task_pool(cfg.env, "train", 400)
     ensure_run_topics(cfg)
@@ -181,7 +186,7 @@ async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: flo
             env = SimEnv()
             task = rng.choice(tasks)
             policy = ScriptedPolicy(env, tokenizer, noise, rng)
-            outcome = await run_episode(env, task, policy, "choice", episode_id=uuid.uuid4().hex)
+            outcome = await run_episode(env, task, policy, "choice", episode_id=f"{rng.getrandbits(128):032x}")
             wins += outcome.success
             event = outcome.to_event(
                 run=cfg.run, collector_id="scripted", mode="choice", base_model=cfg.model.base_model_id
@@ -549,7 +554,12 @@ def main() -> None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
-            scripted_cfg = load_config(None, **{**base, "run": f"{prefix}-scripted"})
+            # One partition: the replay then loads the episodes in exactly the order they were played (episodes
+            # produced within the same millisecond in different partitions have no order a reader could restore).
+            scripted_cfg = load_config(
+                None,
+                **{**base, "run": f"{prefix}-scripted", "kafka": {**base["kafka"], "trajectory_partitions": 1}},
+            )
             scripted_success = asyncio.run(
                 record_scripted(scripted_cfg, tokenizer, args.scripted_episodes, args.noise, seed=0)
             )
@@ -610,6 +620,10 @@ def main() -> None:
             "untrained_success": untrained.success_rate,
             "untrained_by_template": untrained.by_template,
             "warm_start_success": warm.success_rate,
+            # The adapter's weights alone (its folder also names this run's model path): equal in two runs, same start.
+            "warm_start_weights_sha256": hashlib.sha256(
+                (warm_adapter / "adapter_model.safetensors").read_bytes()
+            ).hexdigest(),
             "warm_start_by_template": warm.by_template,
             "scripted_policy_success": scripted_success,
             "curves": curves,

@@ -228,6 +228,7 @@ class Learner:
         if checkpoint is not None:
             self._restore(checkpoint, model_dir)
             return
+        torch.manual_seed(self.settings.seed)  # a fresh adapter's LoRA A matrices are drawn here: `learner.seed` too
         model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter, self.device)
         self._trainer = self._new_trainer(model, tokenizer)
         self.version = self.group.broadcast(newest_artifact_version(self.cfg))
@@ -604,6 +605,11 @@ class Learner:
     def load_replay(self, source_run: str, timeout_s: float = 300.0) -> int:
         """Put the usable episodes of ``{source_run}.trajectories`` in the buffer (no group, no offsets kept).
 
+        The episodes go in in the order they were produced (timestamp, then partition and offset), not in the order
+        the partitions' fetches happen to interleave: the same topic always gives the same buffer, so an offline
+        pass from it is reproducible, and a topic larger than the buffer keeps its newest episodes. (Episodes of one
+        millisecond in different partitions fall in partition order; a topic of one partition is replayed exactly.)
+
         Returns:
             How many episodes were loaded.
 
@@ -612,7 +618,11 @@ class Learner:
         """
         loaded = 0
         topic = TopicNames(source_run).trajectories
-        for msg in read_topic(self.cfg.kafka, topic, timeout_s=timeout_s):
+        messages = sorted(
+            read_topic(self.cfg.kafka, topic, timeout_s=timeout_s),
+            key=lambda msg: (msg.timestamp()[1], msg.partition(), msg.offset()),
+        )
+        for msg in messages:
             entry = entry_from_message(msg, None)  # another run's bad records are not ours to dead-letter
             if entry.episode is None or entry.termination in INCOMPLETE_TERMINATIONS:
                 continue

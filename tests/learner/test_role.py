@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
-from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.checkpoint import IngestLog
 from distrl_stream.learner.role import Learner
 from tests.learner.simdata import sim_events
@@ -202,6 +203,48 @@ def test_max_sample_lag_drops_old_arrivals_and_ages_out_what_the_version_leaves_
     assert learner.trainer.updates == 1  # one episode left: below min_buffer_episodes, nothing more to sample
     assert value(samples, "distrl_learner_episodes_aged_out_total") == 1
     assert learner.metrics()["trajectories_aged_out"] == 1
+
+
+def test_a_fresh_adapter_is_drawn_from_the_learner_seed(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    def lora_a(seed: int) -> list[torch.Tensor]:
+        torch.rand(7)  # whatever ran before in the process must not matter
+        model = started(learner_config(seed=seed)).trainer.model
+        return [p.detach().clone() for name, p in model.named_parameters() if "lora_A" in name]
+
+    first, again, other = lora_a(1), lora_a(1), lora_a(2)
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(first, other, strict=True))
+
+
+def test_a_replay_loads_episodes_in_the_order_they_were_produced_whatever_their_partitions(
+    learner_config: Callable[..., Config],
+) -> None:
+    source = learner_config()
+    ensure_run_topics(source)
+    events = sim_events(AutoTokenizer.from_pretrained(source.model.base), 8, seed=3)
+    partitions = source.kafka.trajectory_partitions
+    with Producer(source.kafka, client_id="test-collector") as producer:
+        for i, event in enumerate(events):
+            # Later episodes in lower partitions, so a partition-by-partition read would reverse them.
+            producer.produce(
+                TopicNames(source.run).trajectories,
+                encode(event),
+                key=event.episode_id.encode(),
+                partition=partitions - 1 - i % partitions,
+                timestamp_ms=1_700_000_000_000 + i,
+            )
+        producer.flush()
+    loaded = []
+    for _ in range(2):
+        learner = Learner(learner_config())
+        try:
+            assert learner.load_replay(source.run) == len(events)
+            loaded.append([e.episode_id for _k, e in learner.buffer.items()])
+        finally:
+            learner.close()
+    assert loaded[0] == loaded[1] == [e.episode_id for e in events]
 
 
 def test_poison_stale_and_good_records_are_each_handled_and_logged(
