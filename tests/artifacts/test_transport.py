@@ -8,7 +8,6 @@ import functools
 import http.server
 import random
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from distrl_stream.errors import ArtifactError, ArtifactIntegrityError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
+from tests.fixtures.http import BackgroundHttpServer
 
 
 def _adapter(root: Path, seed: int = 0, big: int = 5000) -> Path:
@@ -135,15 +135,8 @@ def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     """A real read-only HTTP server (stdlib, directory listings on) serving a fresh folder."""
     root = tmp_path / "www"
     root.mkdir()
-    handler = functools.partial(_QuietHandler, directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield root, f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with BackgroundHttpServer(functools.partial(_QuietHandler, directory=str(root))) as server:
+        yield root, server.url
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -7,17 +7,16 @@ YES, NO, slowly, with garbage, or with an HTTP error. The client code under test
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from distrl_stream.envs import JudgedEnv, LLMJudge, SimEnv, sim_tasks
 from distrl_stream.envs.base import Observation
 from distrl_stream.errors import EpisodeStateError, JudgeError
+from tests.fixtures.http import BackgroundHttpServer, JsonHandler
 
 
 @dataclass
@@ -36,39 +35,24 @@ class FakeJudge:
 def judge_server() -> Iterator[FakeJudge]:
     state = FakeJudge(url="")
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            state.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **body})
+            state.requests.append({"path": self.path, "auth": self.headers.get("Authorization"), **self.read_json()})
             if state.slow:
                 state.release.wait(10)
             if state.status != 200:
-                payload = b'{"error": "overloaded"}'
+                self.send_json(state.status, {"error": "overloaded"})
             elif state.reply == "<not json>":
-                payload = b"<html>proxy error</html>"
+                self.send_bytes(state.status, b"<html>proxy error</html>")
             else:
-                payload = json.dumps({"choices": [{"message": {"role": "assistant", "content": state.reply}}]}).encode()
-            self.send_response(state.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+                self.send_json(200, {"choices": [{"message": {"role": "assistant", "content": state.reply}}]})
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    try:
-        yield state
-    finally:
-        state.release.set()
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with BackgroundHttpServer(Handler) as server:
+        state.url = f"{server.url}/v1"
+        try:
+            yield state
+        finally:
+            state.release.set()  # a slow answer still waiting must not hold up the server's shutdown
 
 
 OBS = Observation("Turn on Wi-Fi", "Settings\n[0] toggle Wi-Fi: on", screenshot=b"\x89PNG fake")

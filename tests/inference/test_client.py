@@ -4,13 +4,11 @@ its server pool against small HTTP servers started by the tests (least in flight
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from distrl_stream.inference.client import ActionResult, InferenceClient, root_s
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 from distrl_stream.processes import free_port
+from tests.fixtures.http import BackgroundHttpServer, JsonHandler
 from tests.fixtures.vllm import VllmService
 
 # bf16 on the server vs fp32 here: the bound on the mean |gap| per action.
@@ -190,23 +189,20 @@ class FakePolicyServer:
         self.release.set()
         fake = self
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: object) -> None:
-                pass
-
+        class Handler(JsonHandler):
             def do_GET(self) -> None:
                 data = [{"id": "policy-v0", "root": "/models/tiny"}] + [
                     {"id": f"policy-v{v}", "root": f"/staging/policy-v{v}-{SHA[v]}"} for v in fake.versions
                 ]
-                self._send(200, {"object": "list", "data": data})
+                self.send_json(200, {"object": "list", "data": data})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = self.read_json()
                 fake.completions += 1
                 if fake.hold.is_set():
                     fake.release.wait(30)
                 if fake.status != 200:
-                    self._send(fake.status, {"error": {"message": "engine dead"}})
+                    self.send_json(fake.status, {"error": {"message": "engine dead"}})
                     return
                 text = body["structured_outputs"]["choice"][0]
                 if fake.finish_reason == "abort":
@@ -217,21 +213,10 @@ class FakePolicyServer:
                     "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25]},
                     "finish_reason": fake.finish_reason,
                 }
-                self._send(200, {"model": body["model"], "choices": [choice]})
+                self.send_json(200, {"model": body["model"], "choices": [choice]})
 
-            def _send(self, status: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
+        self.http = BackgroundHttpServer(Handler)
+        self.url = self.http.url
 
     def hold_requests(self) -> None:
         self.release.clear()
@@ -243,8 +228,7 @@ class FakePolicyServer:
 
     def stop(self) -> None:
         self.release_requests()
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
 
 @pytest.fixture

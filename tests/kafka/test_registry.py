@@ -6,10 +6,8 @@ import base64
 import json
 import random
 import socket
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 import pytest
@@ -29,6 +27,7 @@ from distrl_stream.errors import (
 from distrl_stream.events import EVENT_TYPES, MetricEvent, Serde, TrajectoryEvent, default_serde, default_store
 from distrl_stream.kafka.registry import RegistrySerde, check_backward_transitive, subject_name, use_schemas
 from distrl_stream.testing.samples import sample_dead_letter, sample_metric, sample_trajectory, sample_weight_version
+from tests.fixtures.http import BackgroundHttpServer, JsonHandler
 from tests.fixtures.registry import MockRegistry
 
 SAMPLES = {
@@ -191,38 +190,26 @@ def test_an_unreachable_registry_is_one_line_within_seconds(monkeypatch: pytest.
     assert url in message and "cannot be reached" in message and "\n" not in message
 
 
-class RecordingRegistry(BaseHTTPRequestHandler):
+class RecordingRegistry(JsonHandler):
     """Just enough of the registry's REST API for registration, recording each request's Authorization header."""
 
     seen: ClassVar[list[tuple[str, str, str | None, Any]]] = []
 
     def do_GET(self) -> None:
         self._record()
-        self._answer(404, {"error_code": 40401, "message": "Subject not found"})
+        self.send_json(404, {"error_code": 40401, "message": "Subject not found"})
 
     def do_PUT(self) -> None:
-        self._answer(200, self._record())
+        self.send_json(200, self._record())
 
     def do_POST(self) -> None:
         self._record()
-        self._answer(200, {"id": 100 + len(self.seen)})
+        self.send_json(200, {"id": 100 + len(self.seen)})
 
     def _record(self) -> Any:
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        data = json.loads(body) if body else None
+        data = self.read_json()
         self.seen.append((self.command, self.path.partition("?")[0], self.headers.get("Authorization"), data))
         return data
-
-    def _answer(self, status: int, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
 
 
 @pytest.fixture
@@ -230,14 +217,8 @@ def recording_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setattr("distrl_stream.kafka.registry._serdes", {})
     monkeypatch.setattr("distrl_stream.events.serde._default", default_serde())
     RecordingRegistry.seen = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), RecordingRegistry)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with BackgroundHttpServer(RecordingRegistry) as server:
+        yield server.url
 
 
 def test_an_http_registry_gets_basic_auth_and_the_same_calls(recording_registry: str) -> None:
