@@ -569,6 +569,8 @@ def main() -> None:
             )
             warm_adapter = warm_start(warm_cfg, scripted_cfg.run, args.bc_updates)
             base["learner"]["init_adapter"] = str(warm_adapter)
+            # The adapter's weights alone (its folder also names this run's model path): equal in two runs, same start.
+            warm_weights_sha256 = hashlib.sha256((warm_adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
 
             untrained = asyncio.run(evaluate(cfg, tasks, concurrency=16, version=0))
             warm_event = next(
@@ -620,10 +622,7 @@ def main() -> None:
             "untrained_success": untrained.success_rate,
             "untrained_by_template": untrained.by_template,
             "warm_start_success": warm.success_rate,
-            # The adapter's weights alone (its folder also names this run's model path): equal in two runs, same start.
-            "warm_start_weights_sha256": hashlib.sha256(
-                (warm_adapter / "adapter_model.safetensors").read_bytes()
-            ).hexdigest(),
+            "warm_start_weights_sha256": warm_weights_sha256,
             "warm_start_by_template": warm.by_template,
             "scripted_policy_success": scripted_success,
             "curves": curves,
