@@ -65,6 +65,7 @@ import json
 import logging
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -478,6 +479,8 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
             settings[key] = raw
     if not name or not settings:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:FIELD=VALUE,…")
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # it ends the variant's run name, which topic names are made of
+        raise argparse.ArgumentTypeError(f"{name!r}: a variant's NAME takes letters, digits, _ and - only")
     return name, settings
 
 
