@@ -334,7 +334,8 @@ class LearnerConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="Where the policy's forward and backward passes run: cuda, cpu, or auto (CUDA when torch sees a "
-        "GPU). On CUDA the base model is loaded in the dtype the server serves; on CPU in float32.",
+        "GPU for every learner member on the host, else the CPU). On CUDA each member uses the GPU of its local rank "
+        "and the base model is loaded in the dtype the server serves; on CPU in float32.",
     )
 
 

@@ -1,8 +1,9 @@
 """A learner group: N members that train one policy together with torch.distributed (data parallel).
 
 Members are started by torch's elastic agent (``torch.distributed.run``, torchrun), which sets ``RANK``,
-``WORLD_SIZE`` and ``LOCAL_RANK`` and restarts the whole group from the last checkpoint when a member dies or joins
-(:func:`launch_command`). A process started without them is a group of one and makes no collective call at all.
+``WORLD_SIZE``, ``LOCAL_RANK`` and ``LOCAL_WORLD_SIZE`` and restarts the whole group from the last checkpoint when a
+member dies or joins (:func:`launch_command`). A process started without them is a group of one and makes no
+collective call at all.
 
 Every member makes the same sequence of collective calls, whatever its replay shard holds, so the group cannot
 deadlock on data:
@@ -54,14 +55,16 @@ class Membership:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    local_world_size: int = 1  # the members on this host (each CUDA member needs a GPU of its own)
 
     @classmethod
     def from_env(cls) -> Membership:
-        """``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` (torchrun's), or a group of one."""
+        """``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (torchrun's), or a group of one."""
         return cls(
             int(os.environ.get("RANK", "0")),
             int(os.environ.get("WORLD_SIZE", "1")),
             int(os.environ.get("LOCAL_RANK", "0")),
+            int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
 
     @property
@@ -80,21 +83,24 @@ class Group:
 
     Args:
         membership: this member's rank and the group's size.
-        device: the learner's device; CUDA members talk over NCCL, CPU members over gloo.
+        device: this member's device, the CPU or an indexed GPU (``cuda:LOCAL_RANK``, :func:`.device.resolve_device`);
+            CUDA members talk over NCCL, CPU members over gloo.
     """
 
     def __init__(self, membership: Membership, device: torch.device) -> None:
         self.membership = membership
         self.device = device
         self.distributed = membership.world_size > 1
+        if device.type == "cuda":
+            # NCCL's communicator and every allocation on a bare "cuda" go to the current device: make it this
+            # member's own GPU, not GPU 0 for all members of the host.
+            torch.cuda.set_device(device)
 
     def start(self) -> None:
         """Join the process group (the rendezvous address comes from the agent's environment)."""
         if not self.distributed or dist.is_initialized():
             return
         backend = "nccl" if self.device.type == "cuda" else "gloo"
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)
 
     def close(self) -> None:

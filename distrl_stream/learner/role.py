@@ -66,10 +66,11 @@ from distrl_stream.learner.checkpoint import (
     read_json,
     write_json,
 )
+from distrl_stream.learner.device import resolve_device
 from distrl_stream.learner.group import Group, MemberLock, Membership
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
 from distrl_stream.learner.records import EpisodeRecord
-from distrl_stream.learner.trainer import Trainer, load_policy, resolve_device
+from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.monitor.prometheus import LearnerMetrics
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
 from distrl_stream.policy.model_dir import resolve_model_dir
@@ -198,11 +199,12 @@ class Learner:
 
         Raises:
             CheckpointError: the latest checkpoint is unusable.
-            LearnerError: a bad warm-start adapter, or a replay topic with no usable episodes.
+            LearnerError: a bad warm-start adapter, a replay topic with no usable episodes, or a ``learner.device`` of
+                ``cuda`` without a GPU for every member on this host.
         """
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
-        self.device = resolve_device(self.settings.device)
+        self.device = resolve_device(self.settings.device, self.membership)
         if self.membership.world_size > 1 and self._round_mode():
             raise LearnerError("learner.round_episodes: round mode needs a single learner member (--nproc-per-node 1)")
         self.lock.acquire()

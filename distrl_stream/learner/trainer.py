@@ -61,19 +61,6 @@ def lora_config(model: ModelConfig) -> LoraConfig:
     )
 
 
-def resolve_device(device: str) -> torch.device:
-    """``learner.device`` as a torch device: ``auto`` is CUDA when torch sees a GPU, else the CPU.
-
-    Raises:
-        LearnerError: ``cuda`` was asked for and torch sees no GPU.
-    """
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise LearnerError("learner.device = 'cuda' but torch sees no CUDA device (CPU-only torch, or no GPU visible)")
-    return torch.device(device)
-
-
 def served_dtype(model_dir: Path) -> torch.dtype:
     """The dtype vLLM's ``dtype=auto`` serves ``model_dir`` in: the checkpoint's own, float32 checkpoints in float16."""
     config = json.loads((model_dir / "config.json").read_text())

@@ -155,6 +155,25 @@ def test_gradients_are_averaged_over_the_members_that_had_a_batch(tmp_path: Path
     torch.multiprocessing.spawn(_average, args=(f"file://{tmp_path / 'rendezvous'}",), nprocs=2)
 
 
+@pytest.mark.parametrize(
+    ("device", "backend", "current"),
+    [(torch.device("cuda", 1), "nccl", [torch.device("cuda", 1)]), (torch.device("cpu"), "gloo", [])],
+)
+def test_a_cuda_member_makes_its_own_gpu_current_and_joins_over_nccl(
+    monkeypatch: pytest.MonkeyPatch, device: torch.device, backend: str, current: list[torch.device]
+) -> None:
+    set_devices: list[torch.device] = []
+    backends: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_device", set_devices.append)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda b, **_: backends.append(b))
+    group = ProcessGroup(Membership(rank=1, world_size=2, local_rank=1, local_world_size=2), device)
+    assert set_devices == current  # before any collective: NCCL binds to the current device
+    group.start()
+    assert backends == [backend]
+    assert set_devices == current
+
+
 def test_a_members_folder_is_locked_for_one_process(tmp_path: Path) -> None:
     first = MemberLock(tmp_path / "0", "learner member 0 of run 'r'")
     first.acquire()

@@ -9,11 +9,10 @@ import pytest
 import torch
 
 from distrl_stream.config import LearnerConfig, ModelConfig
-from distrl_stream.errors import LearnerError
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
-from distrl_stream.learner.trainer import Trainer, load_policy, resolve_device, step_prompt
+from distrl_stream.learner.trainer import Trainer, load_policy, step_prompt
 from distrl_stream.policy.prompt import build_prompt
 from tests.learner.simdata import sim_events
 
@@ -94,14 +93,6 @@ def test_critic_features_are_computed_once_per_prompt(tiny_model_dir: Path, epis
     again = t.features(prompts)
     assert t.features.misses == misses == len(set(prompts))
     assert torch.equal(first, again)
-
-
-def test_device_auto_is_the_cpu_without_a_gpu_and_cuda_without_one_is_refused() -> None:
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is visible: auto picks it (checked by scripts/gpu_check.sh)")
-    assert resolve_device("auto") == torch.device("cpu")
-    with pytest.raises(LearnerError, match="no CUDA device"):
-        resolve_device("cuda")
 
 
 def test_a_truncated_episode_bootstraps_v_of_its_final_observation_and_a_v1_one_zero(
