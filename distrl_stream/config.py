@@ -216,6 +216,19 @@ class LearnerConfig(Section):
     min_buffer_episodes: int = Field(
         8, ge=1, description="Episodes held before the first update. Source: ours (one batch of distinct episodes)."
     )
+    micro_batch_steps: int = Field(
+        16,
+        ge=1,
+        description="Steps (prompts) per forward pass of the policy. An update over more steps first computes the "
+        "loss's gradient with respect to each step's log π, then redoes the forward one micro-batch at a time with "
+        "gradient and accumulates, so peak memory is one micro-batch's, not the batch's (docs/learner.md). "
+        "Source: ours.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of keeping them "
+        "(transformers' gradient checkpointing): less memory per micro-batch for a third more compute. Source: ours.",
+    )
     optimizer: Literal["adam", "adamw"] = Field(
         "adam", description="Optimiser of policy and critics. Source: authors' code."
     )
@@ -366,8 +379,10 @@ class ModelConfig(Section):
         description="LoRA dropout. 0 keeps the learner's log-probs equal to the server's (vLLM applies none).",
     )
     lora_target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Modules that get LoRA weights (Qwen2 names); vLLM serves LoRA on all of them.",
+        default_factory=lambda: ["all-linear"],
+        description='Modules that get LoRA weights: peft\'s names, or ["all-linear"] for every linear layer but '
+        "the output head, whatever the architecture calls them (Qwen2 and Llama: q/k/v/o and gate/up/down "
+        "projections); vLLM serves LoRA on all of them.",
     )
 
     @property

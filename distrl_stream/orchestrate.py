@@ -72,14 +72,34 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
         "threads": 1,
     },
 }
+# `up`'s profile when the base is a pretrained model (its tokenizer has a chat template; docs/cli.md): SmolLM2-135M
+# is 400 times the tiny model, so one update costs seconds and a step's prompt ~270 tokens. Sized so that the learner
+# keeps up with what the collectors bring instead of pausing them (measured in bench/results/pretrained.json).
+PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
+    # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
+    "inference": {"max_model_len": 2048},
+    "collector": {"envs": 4, "samples_per_insert": 2.0},
+    "learner": {
+        "batch_episodes": 4,
+        "min_buffer_episodes": 4,
+        "micro_batch_steps": 8,
+        "policy_lr": 3e-4,
+        "critic_lr": 1e-3,
+        "critic_warmup_updates": 10,
+        "advantage_centering": True,
+        "updates_per_version": 5,
+        "threads": 1,
+    },
+}
 # Held-out test-split tasks `up` evaluates at the start (the untrained policy) and at the end (the last version).
 UP_EVAL_TASKS = 40
 
 
-def up_profile(cfg: Config) -> dict[str, dict[str, Any]]:
-    """The entries of :data:`UP_PROFILE` whose fields ``cfg`` leaves at their library defaults."""
+def up_profile(cfg: Config, *, pretrained: bool = False) -> dict[str, dict[str, Any]]:
+    """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base) whose fields
+    ``cfg`` leaves at their library defaults."""
     out: dict[str, dict[str, Any]] = {}
-    for section, values in UP_PROFILE.items():
+    for section, values in (PRETRAINED_UP_PROFILE if pretrained else UP_PROFILE).items():
         current = getattr(cfg, section)
         fields = type(current).model_fields
         kept = {

@@ -29,7 +29,10 @@ if has_gpu; then extras="gpu,miniwob,tensorboard,dev"; else extras="cpu,miniwob,
 
 stamp="$VENV/.distrl-setup"
 want=$( { cat pyproject.toml scripts/setup.sh; echo "$extras"; } | sha256sum | cut -d' ' -f1)
+# The pretrained policy the tests and `up --model smollm2-135m-instruct` use: a no-op once pulled (docs/policy.md).
+pull_pretrained() { "$VENV/bin/distrl-stream" model pull smollm2-135m-instruct distrl-data/models/smollm2-135m-instruct; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    pull_pretrained
     exit 0
 fi
 
@@ -46,5 +49,6 @@ if ! has_gpu; then
     # with "operator torchvision::nms does not exist".
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+pull_pretrained
 echo "$want" > "$stamp"
 echo "setup: done ($extras)"

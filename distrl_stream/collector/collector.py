@@ -45,6 +45,7 @@ from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.monitor.prometheus import CollectorMetrics
+from distrl_stream.policy.model_dir import load_prompter
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,7 @@ class Collector:
         self._screenshots = ScreenshotStore(cfg.run_dir / "screenshots" / self.collector_id)
         self._producer: Producer | None = None
         self._client: InferenceClient | None = None
+        self._prompter = load_prompter(cfg)
         self._published: PublishedVersions | None = None
         self._limiter: InsertLimiter | None = None
         self._limit_checked_at = -math.inf
@@ -518,6 +520,7 @@ class Collector:
                 episode_id=episode_id,
                 on_step=self._count_step,
                 screenshots=self._screenshots,
+                prompter=self._prompter,
             )
         except asyncio.CancelledError:
             self.stats.abandon(episode_id)

@@ -2,7 +2,8 @@
 
 This is the loop both collection modes share. It turns what the environment and the server did into the
 :class:`~distrl_stream.events.Step` records of a trajectory, exactly as the learner needs them to rebuild each
-prompt (``build_prompt(event.instruction, step.observation, [s.action_text for s in earlier steps])``).
+prompt (the run's :class:`~distrl_stream.policy.prompt.Prompter` on ``event.instruction``, ``step.observation``,
+``[s.action_text for s in earlier steps]`` and ``step.candidates``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from distrl_stream.envs.base import DeviceEnv, Observation, Task
 from distrl_stream.events import Step, Tensor, Termination, TrajectoryEvent, utc_now
 from distrl_stream.inference.client import ActionResult, Mode
-from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.policy.prompt import Prompter
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +137,7 @@ async def run_episode(
     episode_id: str,
     on_step: StepCallback | None = None,
     screenshots: ScreenshotStore | None = None,
+    prompter: Prompter | None = None,
 ) -> EpisodeOutcome:
     """Run one episode of ``task`` on ``env`` with actions from ``policy``.
 
@@ -155,7 +157,10 @@ async def run_episode(
         episode_id: the id to record.
         on_step: called with each recorded step (metrics).
         screenshots: where observation screenshots go; None records none.
+        prompter: the base model's prompt format (:func:`~distrl_stream.policy.model_dir.load_prompter`); None: the
+            raw format of the local tiny models.
     """
+    prompter = prompter or Prompter()
     started_at = utc_now()
     steps: list[Step] = []
     previous: list[str] = []
@@ -185,7 +190,7 @@ async def run_episode(
             screenshot = await _screenshot(observation, screenshots)
         except Exception as exc:
             return end(Termination.ENV_ERROR, _describe("observe", exc))
-        prompt = build_prompt(instruction, observation.screen, previous)
+        prompt = prompter(instruction, observation.screen, previous, candidates)
         try:
             action = await policy.act(prompt, candidates or None, mode="choice" if candidates else "free")
         except Exception as exc:  # InferenceError, or a malformed answer the client did not anticipate

@@ -29,6 +29,8 @@ from distrl_stream.envs.tasks import task_pool
 from distrl_stream.errors import EvaluationError
 from distrl_stream.events import Termination, WeightVersionEvent
 from distrl_stream.inference.client import InferenceClient
+from distrl_stream.policy.model_dir import load_prompter
+from distrl_stream.policy.prompt import Prompter
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,13 @@ async def evaluate(
 
 
 async def evaluate_policy(
-    cfg: Config, tasks: Sequence[Task], policy: Policy, *, concurrency: int = 8, version: int = 0
+    cfg: Config,
+    tasks: Sequence[Task],
+    policy: Policy,
+    *,
+    concurrency: int = 8,
+    version: int = 0,
+    prompter: Prompter | None = None,
 ) -> EvalResult:
     """Run each task once with ``policy`` (anything that answers ``act`` as the client does), as :func:`evaluate`.
 
@@ -106,17 +114,21 @@ async def evaluate_policy(
             (:class:`~distrl_stream.testing.scripted.ScriptedPolicy`).
         concurrency: environments running at once.
         version: the version reported in the result.
+        prompter: the prompt format; default the base model's (:func:`load_prompter`).
     """
     queue: asyncio.Queue[Task] = asyncio.Queue()
     for task in tasks:
         queue.put_nowait(task)
     outcomes = []
+    prompter = prompter or load_prompter(cfg)
 
     async def worker(env: DeviceEnv) -> None:
         try:
             while not queue.empty():
                 task = queue.get_nowait()
-                outcome = await run_episode(env, task, policy, cfg.inference.mode, episode_id=uuid.uuid4().hex)
+                outcome = await run_episode(
+                    env, task, policy, cfg.inference.mode, episode_id=uuid.uuid4().hex, prompter=prompter
+                )
                 outcomes.append(outcome)
                 if outcome.termination is Termination.ENV_ERROR:
                     await env.close()

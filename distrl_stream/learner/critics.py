@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from distrl_stream.policy.logprobs import decoder_states
+
 
 class ValueHead(nn.Module):
     """MLP from a feature vector to a value logit: Linear → GELU → Linear.
@@ -98,7 +100,7 @@ def prompt_features(
     prompt's feature does not depend on what it is batched with.
 
     Args:
-        model: transformers causal LM (``output_hidden_states`` supported) or a peft wrapper of one.
+        model: transformers causal LM (its decoder is run, not its output head) or a peft wrapper of one.
         tokenizer: its tokenizer.
         prompts: the prompt texts.
         batch_size: prompts per forward pass.
@@ -113,7 +115,7 @@ def prompt_features(
     rows: list[Tensor] = []
     model.eval()
     try:
-        with adapter_off:
+        with adapter_off, torch.no_grad():
             for start in range(0, len(prompts), batch_size):
                 encoded = [tokenizer(p)["input_ids"][-max_length:] for p in prompts[start : start + batch_size]]
                 if not all(encoded):
@@ -124,11 +126,10 @@ def prompt_features(
                 for i, ids in enumerate(encoded):
                     input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
                     attention[i, : len(ids)] = 1
-                out = model(
-                    input_ids=input_ids.to(device), attention_mask=attention.to(device), output_hidden_states=True
-                )
+                positions = (attention.cumsum(-1) - 1).clamp(min=0)
+                # The decoder alone: the output head's [b, width, vocabulary] logits would be thrown away.
+                hidden = decoder_states(model, input_ids.to(device), attention.to(device), positions.to(device))
                 last = attention.sum(dim=1) - 1
-                hidden = out.hidden_states[-1]  # [b, width, hidden], after the final norm
                 rows.append(hidden[torch.arange(len(encoded), device=device), last.to(device)].float().cpu())
     finally:
         model.train(was_training)

@@ -72,6 +72,7 @@ class EpisodeRecord:
         split: train or test.
         final_observation: a truncated episode's screen after its last step, s_L, when the collector recorded it
             (TrajectoryEvent v2); the Retrace bootstrap V(s_L) is the critic's value of it (without it: 0).
+        final_candidates: the actions offered on that screen (its prompt lists them in the chat format).
     """
 
     episode_id: str
@@ -86,6 +87,7 @@ class EpisodeRecord:
     task_template: str = ""
     split: str = "train"
     final_observation: str | None = None
+    final_candidates: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -117,7 +119,8 @@ class EpisodeRecord:
             )
             for s in data["steps"]
         )
-        return cls(**{**data, "steps": steps})
+        # Checkpoints written before final_candidates existed lack the key: the default holds.
+        return cls(**{**data, "steps": steps, "final_candidates": tuple(data.get("final_candidates", ()))})
 
 
 @dataclass(frozen=True)
@@ -249,6 +252,7 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
         split=event.split,
         # Only a cut episode has a value beyond its data; a terminal one must never bootstrap.
         final_observation=event.final_observation if event.termination == Termination.TRUNCATED else None,
+        final_candidates=tuple(event.final_candidates) if event.termination == Termination.TRUNCATED else (),
     )
 
 

@@ -5,7 +5,8 @@ Read :meth:`Trainer.aride_update` against docs/design.md §5: it is docs/learner
 - the policy is the base model + a peft LoRA adapter whose shape (rank, α, target modules) is ``[model]``'s, the
   shape the inference server accepts (:func:`load_policy`);
 - log π(a_t|s_t) and the per-token entropy come from :func:`distrl_stream.policy.logprobs.action_logprobs` on the
-  very prompt the collector sent (:func:`step_prompt`), under the same choice constraint as the server in choice mode;
+  very prompt the collector sent (:meth:`Trainer.step_prompt`, the base model's :class:`Prompter`), under the same
+  choice constraint as the server in choice mode, one micro-batch of steps per forward pass;
 - V(s_t) is the step critic on the frozen base model's prompt features, cached per prompt (:class:`FeatureCache`:
   the base never changes, so neither do the features);
 - the DPER priorities of the sampled episodes are refreshed after every update and all of them every
@@ -37,7 +38,7 @@ from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_prior
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
 from distrl_stream.learner.records import EpisodeRecord, collate
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
-from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.policy.prompt import Prompter
 
 log = logging.getLogger(__name__)
 
@@ -50,14 +51,31 @@ GradSync = Callable[[Sequence[torch.nn.Parameter], bool], bool]
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def lora_config(model: ModelConfig) -> LoraConfig:
-    """The LoRA shape of ``[model]``: what the learner trains and the server (``--max-lora-rank``) accepts."""
+def lora_config(model: ModelConfig, base: torch.nn.Module) -> LoraConfig:
+    """The LoRA shape of ``[model]`` on ``base``: what the learner trains and the server (``--max-lora-rank``)
+    accepts. ``["all-linear"]`` is resolved here, from the architecture, to the names of its linear layers."""
     return LoraConfig(
         r=model.lora_rank,
         lora_alpha=model.lora_alpha,
         lora_dropout=model.lora_dropout,
-        target_modules=list(model.lora_target_modules),
+        target_modules=lora_target_modules(model, base),
         task_type="CAUSAL_LM",
+    )
+
+
+def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str]:
+    """``model.lora_target_modules``, with ``all-linear`` as the short names of every linear layer of ``base`` but
+    its output head (q/k/v/o and gate/up/down projections in Qwen2 and Llama): names, not module paths, so the
+    adapter's config reads as vLLM expects whatever the depth."""
+    if model.lora_target_modules != ["all-linear"]:
+        return list(model.lora_target_modules)
+    head = base.get_output_embeddings()
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, m in base.named_modules()
+            if isinstance(m, torch.nn.Linear) and m is not head
+        }
     )
 
 
@@ -93,7 +111,7 @@ def load_policy(
     dtype = served_dtype(model_dir) if device.type == "cuda" else torch.float32
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     if adapter is None:
-        return get_peft_model(base, lora_config(model)), tokenizer
+        return get_peft_model(base, lora_config(model, base)), tokenizer
     config_file = adapter / "adapter_config.json"
     try:
         adapter_cfg = json.loads(config_file.read_text())
@@ -106,11 +124,6 @@ def load_policy(
             f"adapter of rank <= model.lora_rank ({model.lora_rank}), which the server accepts"
         )
     return PeftModel.from_pretrained(base, adapter, is_trainable=True).to(device), tokenizer
-
-
-def step_prompt(episode: EpisodeRecord, t: int) -> str:
-    """The prompt the policy saw at step ``t`` (the collector's, rebuilt with the one prompt format)."""
-    return build_prompt(episode.instruction, episode.steps[t].observation, episode.previous_actions(t))
 
 
 class FeatureCache:
@@ -194,6 +207,13 @@ class Trainer:
         self.policy_opt = optimiser(self.policy_params, lr=cfg.policy_lr)
         self.critic_opt = optimiser(self.critic_params, lr=cfg.critic_lr)
         self.buffer = buffer
+        self.prompter = Prompter(tokenizer)
+        # Micro-batched forward passes whose backward is still to be done (policy_terms -> _step).
+        self._deferred: list[tuple[Sequence[tuple[EpisodeRecord, int]], Tensor, Tensor]] = []
+        if cfg.gradient_checkpointing:
+            # Non-reentrant: the frozen embedding's output needs no gradient for the layers' recomputation to work.
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()  # transformers checkpoints only in training mode; the policy has no dropout (lora_dropout)
         self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size)
         self.constraint = ChoiceConstraint(tokenizer, model.config.vocab_size)
         self.updates = 0
@@ -224,6 +244,7 @@ class Trainer:
             which is removed from the buffer and counted in ``rejected``).
         """
         algorithm = algorithm or self.cfg.algorithm
+        self._deferred.clear()  # left by an update that raised between its forward and its backward
         stats = self._local_update(algorithm, version) if contribute and len(self.buffer) else None
         if stats is None:
             # In a group the others' step happens anyway: take part with zero weight, apply the same step.
@@ -328,7 +349,7 @@ class Trainer:
         cfg = self.cfg
         keys = self.buffer.keys()
         episodes = [self.buffer.get(k) for k in keys]
-        first = self.features([step_prompt(e, 0) for e in episodes])
+        first = self.features([self.step_prompt(e, 0) for e in episodes])
         success = torch.tensor([e.success for e in episodes], dtype=torch.bool)
         with torch.no_grad():
             traj_adv = aride.trajectory_advantages(success, self.traj_critic.value(first))
@@ -388,37 +409,78 @@ class Trainer:
 
     def policy_terms(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor]:
         """log π(a_t|s_t) (sum over the action's tokens) and the mean per-token entropy of π over the action's
-        positions, for every step of ``episodes``, in the ``[B, T]`` layout (differentiable).
+        positions, for every step of ``episodes``, in the ``[B, T]`` layout (differentiable when grad is enabled).
+
+        The steps go through the policy ``learner.micro_batch_steps`` at a time. With gradient and more steps than
+        one micro-batch, the forward passes run without gradient and the result is a leaf: :meth:`_step` then
+        backpropagates the loss to it, and redoes each micro-batch's forward with gradient, backpropagating that
+        micro-batch's share (the loss couples an episode's steps through ρ and Retrace, so it needs every step's
+        log π before any gradient exists). Peak memory is one micro-batch's activations; the cost is one forward
+        pass more, and only for batches larger than a micro-batch.
 
         Raises:
             ActionConstraintError: a choice-mode action whose tokens the candidates' grammar forbids.
         """
-        prompts: list[str] = []
-        token_ids: list[tuple[int, ...]] = []
-        candidates: list[list[str] | None] = []
-        for episode in episodes:
-            for t, step in enumerate(episode.steps):
-                prompts.append(step_prompt(episode, t))
-                token_ids.append(step.token_ids)
-                candidates.append(list(step.candidates) if episode.mode == "choice" else None)
+        steps = [(e, t) for e in episodes for t in range(len(e))]
+        size = self.cfg.micro_batch_steps
+        if len(steps) <= size or not torch.is_grad_enabled():
+            logprob, entropy = self._micro_batches(steps, size)
+        else:
+            with torch.no_grad():
+                logprob, entropy = self._micro_batches(steps, size)
+            logprob.requires_grad_(True)
+            entropy.requires_grad_(True)
+            self._deferred.append((steps, logprob, entropy))
+        return aride.pad_steps(logprob, mask), aride.pad_steps(entropy, mask)
+
+    def _micro_batches(self, steps: Sequence[tuple[EpisodeRecord, int]], size: int) -> tuple[Tensor, Tensor]:
+        """Per-step log π and mean entropy of ``steps`` (flat, ``[N]`` each), ``size`` steps per forward pass."""
+        parts = [self._step_terms(steps[i : i + size]) for i in range(0, len(steps), size)]
+        if not parts:
+            return torch.zeros(0), torch.zeros(0)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+    def _step_terms(self, steps: Sequence[tuple[EpisodeRecord, int]]) -> tuple[Tensor, Tensor]:
+        """One forward pass: per-step log π and mean per-token entropy of ``steps``, on the CPU, in float32."""
         out = action_logprobs(
             self.model,
             self.tokenizer,
-            prompts,
-            token_ids,
-            candidates if any(c is not None for c in candidates) else None,
+            [self.step_prompt(e, t) for e, t in steps],
+            [e.steps[t].token_ids for e, t in steps],
+            [list(e.steps[t].candidates) if e.mode == "choice" else None for e, t in steps],
             temperature=self.temperature,
             constraint=self.constraint,
         )
         per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
         # The A-RIDE maths and the critic heads run on the CPU beside the cached features; autograd carries the
         # gradient back to a policy on the GPU (no-ops on the CPU).
-        logprob, per_step_entropy = out.logprob.float().cpu(), per_step_entropy.float().cpu()
-        return aride.pad_steps(logprob, mask), aride.pad_steps(per_step_entropy, mask)
+        return out.logprob.float().cpu(), per_step_entropy.float().cpu()
+
+    def _backward_deferred(self) -> None:
+        """The second half of a micro-batched :meth:`policy_terms`: each micro-batch's forward again, with gradient,
+        backpropagated with the loss's gradient with respect to its steps' log π and entropy."""
+        size = self.cfg.micro_batch_steps
+        for steps, logprob, entropy in self._deferred:
+            if logprob.grad is None and entropy.grad is None:
+                continue  # the loss did not use the policy (the critic's warm-up)
+            for i in range(0, len(steps), size):
+                part = self._step_terms(steps[i : i + size])
+                used = [
+                    (out, leaf.grad)
+                    for out, leaf in zip(part, (logprob, entropy), strict=True)
+                    if leaf.grad is not None
+                ]
+                torch.autograd.backward([out for out, _ in used], [grad[i : i + size] for _, grad in used])
+        self._deferred.clear()
+
+    def step_prompt(self, episode: EpisodeRecord, t: int) -> str:
+        """The prompt the policy saw at step ``t`` (the collector's, rebuilt in the base model's format)."""
+        step = episode.steps[t]
+        return self.prompter(episode.instruction, step.observation, episode.previous_actions(t), step.candidates)
 
     def step_features(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """Critic features of every step, flat and episode-major (``[N, hidden]``)."""
-        return self.features([step_prompt(e, t) for e in episodes for t in range(len(e))])
+        return self.features([self.step_prompt(e, t) for e in episodes for t in range(len(e))])
 
     def bootstrap_values(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """V(s_L) after each episode's last step: the critic's value of the final observation of a truncated
@@ -428,10 +490,11 @@ class Trainer:
         if rows:
             # The final screen with the full history: previous_actions(L) includes the last action.
             prompts = [
-                build_prompt(
+                self.prompter(
                     episodes[i].instruction,
                     episodes[i].final_observation or "",
                     episodes[i].previous_actions(len(episodes[i])),
+                    episodes[i].final_candidates,
                 )
                 for i in rows
             ]
@@ -440,7 +503,7 @@ class Trainer:
         return out
 
     def _trajectory_critic_loss(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
-        first = self.features([step_prompt(e, 0) for e in episodes])
+        first = self.features([self.step_prompt(e, 0) for e in episodes])
         return self.traj_critic.loss(first, torch.tensor([e.success for e in episodes]))
 
     def _step(self, loss: Tensor, *, policy: bool = True) -> dict[str, float]:
@@ -448,6 +511,7 @@ class Trainer:
         self.policy_opt.zero_grad(set_to_none=True)
         self.critic_opt.zero_grad(set_to_none=True)
         loss.backward()
+        self._backward_deferred()
         if self.grad_sync is not None:
             self.grad_sync([*self.policy_params, *self.critic_params], True)
         return self._apply(policy=policy)

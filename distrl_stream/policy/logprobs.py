@@ -114,6 +114,35 @@ class ActionLogProbs:
         return self.token_logprobs.sum(-1)
 
 
+def decoder_states(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+    """The causal LM's last hidden states ``[B, L, hidden]`` (after its final norm), without the output head.
+
+    The output head is what costs at a real vocabulary (a [B, L, V] float tensor: 1.4 GB at 150k tokens for one
+    batch), and the learner needs its rows for a few tokens only. Works for a transformers causal LM and for a peft
+    wrapper of one (LoRA layers are injected in place, so the decoder runs them).
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out = base.get_decoder()(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    )
+    return out.last_hidden_state
+
+
+def output_logits(model: torch.nn.Module, hidden: Tensor, token_ids: Tensor | None = None) -> Tensor:
+    """Logits of ``hidden`` ``[N, hidden]`` for every token (``[N, V]``) or only for ``token_ids`` (``[N, K]``): the
+    same numbers as the model's own forward, computed for the rows that are needed."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    head = base.get_output_embeddings()
+    weight = head.weight[: model.config.vocab_size]
+    bias = None if head.bias is None else head.bias[: model.config.vocab_size]
+    if token_ids is not None:
+        weight = weight[token_ids]
+        bias = None if bias is None else bias[token_ids]
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
+
+
 def action_logprobs(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -126,11 +155,15 @@ def action_logprobs(
 ) -> ActionLogProbs:
     """Compute log π(a|s) for a batch, differentiably.
 
+    Only the action positions reach the output head. In choice mode only the tokens the grammar allows there do
+    (the union over the batch's action positions, a few hundred at most): the log-softmax over the allowed set is
+    exactly the server's masked log-softmax over the vocabulary, without a [rows, width, vocabulary] tensor.
+
     Args:
         model: a causal LM (transformers, optionally wrapped by peft) in the state to evaluate.
         tokenizer: its tokenizer; prompts are encoded as the server encodes them (special tokens added the
             tokenizer's way).
-        prompts: the prompts the server was given (:func:`distrl_stream.policy.prompt.build_prompt`).
+        prompts: the prompts the server was given (:class:`distrl_stream.policy.prompt.Prompter`).
         action_token_ids: the token ids the server returned for each action, including the final stop token.
         candidates: per sample, the choice the server was asked to make (choice mode), or None (free mode);
             None for the whole argument means free mode for all.
@@ -154,59 +187,82 @@ def action_logprobs(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
-    # the logits serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
+    # the hidden states serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
     input_ids = torch.full((batch, width_p + width_a), pad, dtype=torch.long)
     attention = torch.zeros((batch, width_p + width_a), dtype=torch.long)
-    action = torch.full((batch, width_a), pad, dtype=torch.long)
-    mask = torch.zeros((batch, width_a), dtype=torch.bool)
     for row, (p_ids, a_ids) in enumerate(zip(prompt_ids, action_token_ids, strict=True)):
         input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(p_ids)
         input_ids[row, width_p : width_p + len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
         attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
-        action[row, : len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
-        mask[row, : len(a_ids)] = True
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    # The hidden state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
+    hidden = decoder_states(model, input_ids.to(device), attention.to(device), position_ids.to(device))
+    hidden = hidden[:, width_p - 1 : width_p - 1 + width_a]
 
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention.to(device),
-        position_ids=position_ids.to(device),
-        logits_to_keep=width_a + 1,
-        use_cache=False,
-    )
-    # Logits at column width_p - 1 + t predict action token t; the last kept column predicts past the end.
-    logits = out.logits[:, :width_a, :vocab_size].float() / temperature  # [B, T, V]
+    token_lp = torch.zeros((batch, width_a), device=device)
+    entropy = torch.zeros((batch, width_a), device=device)
+    mask = torch.zeros((batch, width_a), dtype=torch.bool)
+    free_rows: list[int] = []
+    choice_rows: list[int] = []
+    for row, a_ids in enumerate(action_token_ids):
+        mask[row, : len(a_ids)] = True
+        if len(a_ids):
+            is_choice = candidates is not None and candidates[row] is not None
+            (choice_rows if is_choice else free_rows).append(row)
+    for rows, allowed in (
+        (free_rows, None),
+        (choice_rows, _allowed_tokens(tokenizer, vocab_size, action_token_ids, candidates, constraint, choice_rows)),
+    ):
+        if not rows:
+            continue
+        where = mask & torch.isin(torch.arange(batch), torch.tensor(rows)).unsqueeze(-1)
+        taken = torch.tensor([t for r in rows for t in action_token_ids[r]], dtype=torch.long, device=device)
+        h = hidden[where.to(device)]  # [N, hidden]: the real action positions of these rows, row-major
+        if allowed is None:
+            logp = torch.log_softmax(output_logits(model, h) / temperature, dim=-1)
+            picked = taken
+        else:
+            tokens, allowed_at = allowed  # [K] token ids; [N, K] which of them each position allows
+            logits = output_logits(model, h, tokens.to(device)) / temperature
+            logp = torch.log_softmax(logits.masked_fill(~allowed_at.to(device), float("-inf")), dim=-1)
+            picked = torch.searchsorted(tokens.to(device), taken)  # tokens is sorted and holds every taken id
+        lp, ent = _gather_and_entropy(logp, picked)
+        token_lp = token_lp.masked_scatter(where.to(device), lp)
+        entropy = entropy.masked_scatter(where.to(device), ent)
+    return ActionLogProbs(token_logprobs=token_lp, entropy=entropy, mask=mask.to(device))
 
-    allowed = _allowed_masks(tokenizer, vocab_size, action_token_ids, candidates, constraint, width_a)
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed.to(device), float("-inf"))
-    logp = torch.log_softmax(logits, dim=-1)
-    mask = mask.to(device)
-    token_lp = logp.gather(-1, action.to(device).unsqueeze(-1)).squeeze(-1)
-    # Forbidden tokens (log p = -inf) add 0 to the entropy; zeroing log p before the product keeps -inf·0 = NaN
-    # out of both the value and its gradient.
-    finite_logp = torch.where(torch.isfinite(logp), logp, torch.zeros((), device=device))
-    entropy = -(logp.exp() * finite_logp).sum(-1)
-    zero = torch.zeros((), device=device)
-    return ActionLogProbs(
-        token_logprobs=torch.where(mask, token_lp, zero), entropy=torch.where(mask, entropy, zero), mask=mask
-    )
+
+def _gather_and_entropy(logp: Tensor, picked: Tensor) -> tuple[Tensor, Tensor]:
+    """log p of each row's picked column, and each row's entropy (forbidden columns, log p = -inf, add 0)."""
+    # Zeroing -inf before the product keeps -inf·0 = NaN out of both the value and its gradient.
+    finite = torch.where(torch.isfinite(logp), logp, torch.zeros((), device=logp.device))
+    return logp.gather(-1, picked.unsqueeze(-1)).squeeze(-1), -(logp.exp() * finite).sum(-1)
 
 
-def _allowed_masks(
+def _allowed_tokens(
     tokenizer: PreTrainedTokenizerBase,
     vocab_size: int,
     action_token_ids: Sequence[Sequence[int]],
     candidates: Sequence[Sequence[str] | None] | None,
     constraint: ChoiceConstraint | None,
-    width: int,
-) -> Tensor | None:
-    if candidates is None or all(c is None for c in candidates):
+    rows: Sequence[int],
+) -> tuple[Tensor, Tensor] | None:
+    """The tokens the choice grammar allows at any action position of ``rows`` (sorted, ``[K]``), and which of them
+    each position allows (``[N, K]``, positions row-major as in the batch). One step's vocabulary mask exists at a
+    time."""
+    if not rows or candidates is None:
         return None
     constraint = constraint or ChoiceConstraint(tokenizer, vocab_size)
-    # Free-mode rows and padding positions allow everything (padding is masked out of the result anyway).
-    allowed = torch.ones((len(action_token_ids), width, vocab_size), dtype=torch.bool)
-    for row, (a_ids, cands) in enumerate(zip(action_token_ids, candidates, strict=True)):
-        if cands is not None and len(a_ids) > 0:
-            allowed[row, : len(a_ids)] = constraint.allowed(cands, a_ids)
-    return allowed
+    positions: list[Tensor] = []
+    token_ids: list[Tensor] = []
+    offset = 0
+    for r in rows:
+        pos, tok = constraint.allowed(candidates[r] or (), action_token_ids[r]).nonzero(as_tuple=True)
+        positions.append(pos + offset)
+        token_ids.append(tok)
+        offset += len(action_token_ids[r])
+    flat_pos, flat_tok = torch.cat(positions), torch.cat(token_ids)
+    tokens, column = torch.unique(flat_tok, sorted=True, return_inverse=True)
+    allowed_at = torch.zeros((offset, len(tokens)), dtype=torch.bool)
+    allowed_at[flat_pos, column] = True
+    return tokens, allowed_at

@@ -1,9 +1,15 @@
-"""The one prompt format of the policy.
+"""The prompt formats of the policy, and the one function that picks between them (:class:`Prompter`).
 
-The collector sends :func:`build_prompt`'s text to the inference server and the learner recomputes log π(a|s) on
-the very same text, so this function is the contract between them: a pure function of its arguments (no clock, no
-randomness, no global state), versioned by :data:`PROMPT_VERSION`. The action is generated right after the
-trailing newline.
+The collector sends the prompt's text to the inference server and the learner recomputes log π(a|s) on the very
+same text, so :class:`Prompter` is the contract between them: a pure function of the step (no clock, no randomness,
+no global state) and of the tokenizer, versioned by :data:`PROMPT_VERSION`. Two formats:
+
+- **chat**, for a tokenizer with a chat template (a pretrained instruct model): :func:`build_messages` (a system
+  message with the action format, a user message with the task, screen, previous actions and, in choice mode, the
+  actions to choose from) rendered by the tokenizer's own template with the generation prompt, so the action is the
+  assistant's answer and the model's instruction tuning is used;
+- **raw**, for the local tiny models (their tokenizers have no template): :func:`build_prompt`'s plain fields. The
+  action is generated right after the trailing newline.
 
 Size: the tiny model serves at most 512 tokens (prompt + action), so the observation is cut to
 ``max_observation_chars`` (the end is marked), the instruction and each previous action are cut too, and only the
@@ -16,9 +22,24 @@ instruction as ``Observation.instruction``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Literal
 
-# Bump when the format changes: a policy trained on one format is not comparable with another.
-PROMPT_VERSION = 1
+if TYPE_CHECKING:  # the raw format (collectors of the tiny models) never imports transformers
+    from transformers import PreTrainedTokenizerBase
+
+# Bump when a format changes: a policy trained on one format is not comparable with another.
+# 2: the chat format for tokenizers with a chat template (the raw format is unchanged).
+PROMPT_VERSION = 2
+
+PromptFormat = Literal["chat", "raw"]
+
+# What a pretrained model needs to be told that the tiny ones learn from reward alone: what the screen's lines are
+# and what an action looks like. Kept short: every token of it is paid at every step.
+SYSTEM_PROMPT = (
+    "You operate a device's user interface to complete the user's task. The screen is listed one element per line "
+    "as [index] kind label. Answer with exactly one action, a JSON object such as "
+    '{"action_type":"click","index":3}; when a list of actions is given, answer with one of them, copied exactly.'
+)
 
 # Sized so that a prompt at every cap, in the simulator's vocabulary, plus the longest candidate action, fits the
 # tiny model's 512 tokens (≈2.8 characters per token; see tests/policy/test_prompt.py). Text the tokenizer never saw
@@ -62,6 +83,72 @@ def build_prompt(
         f"Previous:\n{history}\n"
         "Action:\n"
     )
+
+
+def build_messages(
+    instruction: str,
+    observation_text: str,
+    previous_actions: Sequence[str] = (),
+    candidates: Sequence[str] = (),
+    *,
+    max_observation_chars: int = MAX_OBSERVATION_CHARS,
+    max_previous: int = MAX_PREVIOUS,
+) -> list[dict[str, str]]:
+    """The chat format's messages for one step: the system message, then the user's (task, screen, previous
+    actions, and the candidates when there are any). Fields are cut as in :func:`build_prompt`.
+
+    Example:
+        >>> messages = build_messages("Turn on wifi", "[0] switch Wi-Fi off", [], ['{"action_type":"click","index":0}'])
+        >>> print(messages[1]["content"])
+        Task: Turn on wifi
+        Screen:
+        [0] switch Wi-Fi off
+        Previous actions:
+        none
+        Choose one of these actions:
+        {"action_type":"click","index":0}
+    """
+    recent = list(previous_actions)[-max_previous:] if max_previous > 0 else []
+    history = "\n".join(_clip(_one_line(a), MAX_ACTION_CHARS) for a in recent) if recent else "none"
+    user = (
+        f"Task: {_clip(_one_line(instruction), MAX_INSTRUCTION_CHARS)}\n"
+        f"Screen:\n{_clip(observation_text.strip(), max_observation_chars)}\n"
+        f"Previous actions:\n{history}"
+    )
+    if candidates:
+        # Listed whole: the server's grammar allows exactly these strings, so the model should see every one.
+        user += "\nChoose one of these actions:\n" + "\n".join(_one_line(c) for c in candidates)
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+class Prompter:
+    """Renders the prompt of a step in the format its tokenizer calls for: ``chat`` when the tokenizer has a chat
+    template, else ``raw``. The collector and the learner each build one from the same base model, so they render
+    the same text.
+
+    Args:
+        tokenizer: the policy's tokenizer; None renders the raw format (a local tiny model, whose tokenizer has no
+            template, without loading it).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+        self._tokenizer = tokenizer if tokenizer is not None and tokenizer.chat_template else None
+        self.format: PromptFormat = "chat" if self._tokenizer is not None else "raw"
+
+    def __call__(
+        self,
+        instruction: str,
+        observation_text: str,
+        previous_actions: Sequence[str] = (),
+        candidates: Sequence[str] = (),
+    ) -> str:
+        """The prompt's text; the policy's action follows it directly."""
+        if self._tokenizer is None:
+            return build_prompt(instruction, observation_text, previous_actions)
+        messages = build_messages(instruction, observation_text, previous_actions, candidates)
+        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str)
+        return text
 
 
 def _one_line(text: str) -> str:

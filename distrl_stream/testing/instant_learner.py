@@ -37,9 +37,8 @@ def write_noop_adapter(model_dir: Path, out: Path, model: ModelConfig) -> Path:
     from distrl_stream.learner.trainer import lora_config
 
     torch.manual_seed(model.seed)
-    peft_model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), lora_config(model)
-    )
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    peft_model = get_peft_model(base, lora_config(model, base))
     with atomic_dir(out) as tmp:
         peft_model.save_pretrained(tmp)
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from distrl_stream.artifacts import atomic_dir, dir_size, model_fingerprint, publish, sha256_dir
@@ -26,6 +26,7 @@ from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.learner.trainer import lora_config
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
 from tests.fixtures.vllm import VllmService
@@ -43,11 +44,8 @@ def _sft_adapter(model_dir: Path, out: Path, steps: int = 15) -> Path:
     """A LoRA adapter trained for a few steps toward TARGET, written atomically (as the learner writes them)."""
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    lora = ModelConfig()
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32),
-        LoraConfig(r=lora.lora_rank, lora_alpha=lora.lora_alpha, target_modules=lora.lora_target_modules),
-    )
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = get_peft_model(base, lora_config(ModelConfig(), base))
     target_ids = [*tokenizer(TARGET)["input_ids"], tokenizer.eos_token_id]
     optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(steps):

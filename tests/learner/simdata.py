@@ -19,6 +19,7 @@ from distrl_stream.collector import run_episode
 from distrl_stream.envs.base import Task
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.events import TrajectoryEvent
+from distrl_stream.policy.prompt import Prompter
 from distrl_stream.testing.scripted import ScriptedPolicy
 
 TEMPLATES = ("take_photo", "turn_on_setting")
@@ -32,11 +33,13 @@ def sim_event(
     run: str = "test",
     version: int = 0,
     episode_id: str | None = None,
+    prompter: Prompter | None = None,
 ) -> TrajectoryEvent:
-    """One random-play episode of ``task`` as a collector would publish it."""
+    """One random-play episode of ``task`` as a collector would publish it (prompts in ``prompter``'s format)."""
     env = SimEnv()
     policy = ScriptedPolicy(env, tokenizer, noise=1.0, rng=rng, version=version)
-    episode = run_episode(env, task, policy, "choice", episode_id=episode_id or uuid.uuid4().hex)  # type: ignore[arg-type]
+    episode_id = episode_id or uuid.uuid4().hex
+    episode = run_episode(env, task, policy, "choice", episode_id=episode_id, prompter=prompter)  # type: ignore[arg-type]
     outcome = asyncio.run(episode)
     return outcome.to_event(run=run, collector_id="test-collector", mode="choice", base_model="tiny")
 

@@ -12,7 +12,7 @@ from distrl_stream.config import LearnerConfig, ModelConfig
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
-from distrl_stream.learner.trainer import Trainer, load_policy, step_prompt
+from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.policy.prompt import build_prompt
 from tests.learner.simdata import sim_events
 
@@ -87,7 +87,7 @@ def test_an_action_impossible_under_its_candidates_is_removed_not_fatal(
 
 def test_critic_features_are_computed_once_per_prompt(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
     t = trainer(tiny_model_dir, episodes[:4])
-    prompts = [step_prompt(e, i) for e in episodes[:4] for i in range(len(e))]
+    prompts = [t.step_prompt(e, i) for e in episodes[:4] for i in range(len(e))]
     first = t.features(prompts)
     misses = t.features.misses
     again = t.features(prompts)
@@ -120,3 +120,42 @@ def test_a_truncated_episode_bootstraps_v_of_its_final_observation_and_a_v1_one_
     discounted = torch.tensor([cfg.gamma ** (n - k) * v_final for k in range(n)])
     # On-policy traces are 1: the targets differ from the zero bootstrap's by exactly γ^{L−t} V(s_L).
     assert (ret[0, :n] - ret[1, :n]).tolist() == pytest.approx(discounted.tolist(), abs=1e-6)
+
+
+def _first_update_gradients(t: Trainer, algorithm: str) -> list[torch.Tensor]:
+    """The policy gradient of one update, as it reaches the optimiser."""
+    seen: list[list[torch.Tensor]] = []
+    apply = t._apply
+
+    def record(*, policy: bool) -> dict[str, float]:
+        seen.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in t.policy_params])
+        return apply(policy=policy)
+
+    t._apply = record  # type: ignore[method-assign]
+    assert t.update(algorithm, version=0) is not None  # type: ignore[arg-type]
+    return seen[0]
+
+
+@pytest.mark.parametrize("algorithm", ["aride", "digirl", "bc"])
+def test_micro_batches_give_the_whole_batch_gradient(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord], algorithm: str
+) -> None:
+    torch.manual_seed(0)  # a fresh adapter's LoRA A is drawn from torch's generator
+    whole = trainer(tiny_model_dir, episodes, micro_batch_steps=10_000)
+    torch.manual_seed(0)
+    micro = trainer(tiny_model_dir, episodes, micro_batch_steps=3)
+    expected = _first_update_gradients(whole, algorithm)
+    got = _first_update_gradients(micro, algorithm)
+    assert any(g.abs().sum() > 0 for g in expected)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
+    torch.manual_seed(0)
+    plain = _first_update_gradients(trainer(tiny_model_dir, episodes), "aride")
+    torch.manual_seed(0)
+    checkpointed = trainer(tiny_model_dir, episodes, gradient_checkpointing=True)
+    assert checkpointed.model.is_gradient_checkpointing
+    for a, b in zip(plain, _first_update_gradients(checkpointed, "aride"), strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)

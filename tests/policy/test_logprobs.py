@@ -171,3 +171,50 @@ def test_gradients_reach_the_lora_weights(tokenizer: PreTrainedTokenizerBase, ti
     (out.logprob.sum() + out.entropy.sum()).backward()
     grads = [p.grad for n, p in lora.named_parameters() if "lora_B" in n]
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads)
+
+
+def _dense_reference(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, prompt: str, action: list[int], cands: list[str] | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token log π and entropy the slow way: the model's own full logits, the grammar's vocabulary mask."""
+    full = torch.tensor([tokenizer(prompt)["input_ids"] + action])
+    with torch.no_grad():
+        logits = model(full).logits[0, -len(action) - 1 : -1, : model.config.vocab_size].float()
+    if cands is not None:
+        allowed = ChoiceConstraint(tokenizer, model.config.vocab_size).allowed(cands, action)
+        logits = logits.masked_fill(~allowed, float("-inf"))
+    logp = torch.log_softmax(logits, -1)
+    finite = torch.where(torch.isfinite(logp), logp, torch.zeros(()))
+    return logp.gather(-1, torch.tensor(action).unsqueeze(-1)).squeeze(-1), -(logp.exp() * finite).sum(-1)
+
+
+def _mixed_batch_matches_the_dense_reference(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    prompts = _prompts(5)
+    stop = tokenizer.eos_token_id
+    actions = [
+        [*tokenizer(CANDIDATES[i % 4], add_special_tokens=False)["input_ids"], stop]
+        if i != 3
+        else tokenizer("x y", add_special_tokens=False)["input_ids"]
+        for i in range(5)
+    ]
+    candidates = [None if i == 3 else CANDIDATES for i in range(5)]
+    with torch.no_grad():
+        batch = action_logprobs(model, tokenizer, prompts, actions, candidates)
+    for i in range(5):
+        lp, ent = _dense_reference(model, tokenizer, prompts[i], actions[i], candidates[i])
+        n = len(actions[i])
+        torch.testing.assert_close(batch.token_logprobs[i, :n], lp, atol=2e-4, rtol=0)
+        torch.testing.assert_close(batch.entropy[i, :n], ent, atol=2e-4, rtol=0)
+
+
+def test_only_the_allowed_tokens_logits_give_the_dense_masked_log_softmax(
+    tokenizer: PreTrainedTokenizerBase, model: torch.nn.Module
+) -> None:
+    _mixed_batch_matches_the_dense_reference(model, tokenizer)
+
+
+def test_a_real_pretrained_model_gives_the_dense_masked_log_softmax(smollm2_dir: Path) -> None:
+    # 49,152 tokens, a Llama decoder and a tied output head: the gather path must hold beyond the tiny Qwen2.
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    _mixed_batch_matches_the_dense_reference(model, tokenizer)
