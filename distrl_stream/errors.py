@@ -66,6 +66,16 @@ class KafkaAuthenticationError(KafkaClientError):
     retrying with the same settings cannot succeed. The message names the user and address, never the secret."""
 
 
+class DeliveryError(KafkaClientError):
+    """A producer's flush found messages unacknowledged: ``failed`` failed for good since the previous flush (they
+    are lost), ``pending`` were still queued at its timeout (they may yet arrive, or fail by a later flush)."""
+
+    def __init__(self, message: str, *, failed: int, pending: int) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.pending = pending
+
+
 class RecordRejectedError(KafkaClientError):
     """The producer refused to queue one record (too large, unknown topic or partition); the producer itself is
     fine, so the caller may go on with the next record."""

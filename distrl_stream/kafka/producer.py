@@ -14,7 +14,7 @@ import confluent_kafka
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import KafkaAuthenticationError, KafkaClientError, RecordRejectedError
+from distrl_stream.errors import DeliveryError, KafkaAuthenticationError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import Event, Serde, default_serde, event_key
 from distrl_stream.kafka.client import DEAD_LETTER_OVERHEAD_BYTES, build_client, client_config, login_watch
 
@@ -40,7 +40,7 @@ def producer_defaults(kafka: KafkaConfig) -> dict[str, Any]:
 
 @dataclass
 class DeliveryStats:
-    """Counts of a producer's messages. ``pending`` = produced but not yet acknowledged or failed."""
+    """Counts of a producer's messages since it was made. ``pending`` = produced but not yet acknowledged or failed."""
 
     produced: int = 0
     delivered: int = 0
@@ -90,6 +90,9 @@ class Producer:
         self._client: confluent_kafka.Producer | None = None
         self._fatal: KafkaError | None = None
         self._lock = threading.Lock()  # delivery callbacks may run on any thread that polls
+        # What the last flush already reported: each flush raises only for failures after it.
+        self._reported_failures = 0
+        self._first_unreported: str | None = None
 
     @property
     def client(self) -> confluent_kafka.Producer:
@@ -175,21 +178,29 @@ class Producer:
         return self.client.poll(timeout_s)
 
     def flush(self, timeout_s: float = 30.0) -> DeliveryStats:
-        """Wait until every queued message is acknowledged or failed.
+        """Wait until every queued message is acknowledged or failed; raise for the failures since the last flush.
+
+        Each failure is reported by one flush only, so a message lost in a broker outage longer than
+        ``message.timeout.ms`` fails that flush and not every later one; :attr:`stats` keeps the cumulative counts.
 
         Raises:
             KafkaAuthenticationError: the cluster refused the login or TLS handshake.
-            KafkaClientError: messages are still pending after ``timeout_s``, or some deliveries failed.
+            DeliveryError: some deliveries failed since the previous flush (those messages are lost), or messages
+                are still pending after ``timeout_s`` (they stay queued).
         """
         if self._client is None:
             return self.stats
         left = self._login.flush(self._client, timeout_s)
+        with self._lock:
+            failed, self._reported_failures = self.stats.failed - self._reported_failures, self.stats.failed
+            first, self._first_unreported = self._first_unreported, None
+        problems = []
+        if failed:
+            problems.append(f"{failed} messages failed delivery since the last flush (first: {first})")
         if left:
-            raise KafkaClientError(f"{left} messages still undelivered after {timeout_s:.0f} s")
-        if self.stats.failed:
-            raise KafkaClientError(
-                f"{self.stats.failed} of {self.stats.produced} messages failed delivery; first: {self.stats.errors[0]}"
-            )
+            problems.append(f"{left} messages still undelivered after {timeout_s:.0f} s")
+        if problems:
+            raise DeliveryError("; ".join(problems), failed=failed, pending=left)
         return self.stats
 
     def close(self, timeout_s: float = 30.0) -> DeliveryStats:
@@ -227,8 +238,11 @@ class Producer:
                 self.stats.delivered += 1
             else:
                 self.stats.failed += 1
+                error = f"{msg.topic()}: {err.str()}"
+                if self._first_unreported is None:
+                    self._first_unreported = error
                 if len(self.stats.errors) < 10:
-                    self.stats.errors.append(f"{msg.topic()}: {err.str()}")
+                    self.stats.errors.append(error)
 
     def _counting(self, user_callback: DeliveryCallback) -> DeliveryCallback:
         def on_delivery(err: KafkaError | None, msg: Message) -> None:

@@ -50,8 +50,9 @@ from distrl_stream.artifacts import (
     version_event,
 )
 from distrl_stream.config import Algorithm, Config
-from distrl_stream.errors import CheckpointError, LearnerError, ReplayBufferError
+from distrl_stream.errors import CheckpointError, DeliveryError, LearnerError, ReplayBufferError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
+from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
@@ -93,6 +94,9 @@ class Counters:
     rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
     replayed: int = 0  # episodes loaded from another run's topic (--from-replay)
     published: int = 0  # weight versions published
+    unannounced: int = 0  # versions written whose chunks or event the cluster did not acknowledge (an outage)
+    metrics_lost: int = 0  # metric events the cluster never acknowledged
+    dead_letters_lost: int = 0  # dead letters the cluster never acknowledged (their records are skipped unrecorded)
 
     def as_dict(self) -> dict[str, int]:
         """Plain form for checkpoints."""
@@ -151,6 +155,7 @@ class Learner:
         self._trainer: Trainer | None = None
         self._reader: TrajectoryReader | None = None
         self._producer: Producer | None = None
+        self._metrics_producer: Producer | None = None
         self._base_fingerprint = ""
         self._start_offsets: dict[int, int] = {}
         self._shard_from: dict[int, int] = {}  # partition -> first offset of the checkpoint's shard
@@ -219,6 +224,9 @@ class Learner:
         if self.membership.writer:
             ensure_run_topics(self.cfg)
         self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}")
+        # Metrics are best-effort and never flushed: on a producer of their own, a lost one is counted and logged
+        # but cannot fail the flush of a publish.
+        self._metrics_producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-metrics")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
         self._base_fingerprint = base_fingerprint(self.cfg, model_dir) if self.membership.writer else ""
@@ -366,9 +374,10 @@ class Learner:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
-        if self._producer is not None:
-            self._producer.close()
-            self._producer = None
+        for producer in (self._producer, self._metrics_producer):
+            if producer is not None:
+                producer.close()
+        self._producer = self._metrics_producer = None
         self.group.close()
         self.lock.release()
 
@@ -481,9 +490,9 @@ class Learner:
             self._round_updates_left -= 1
             if self._round_updates_left == 0:
                 self._round_new = 0
-                self.publish()
+                self._publish_through_outages()
         elif stats is not None and trainer.updates % self.settings.updates_per_version == 0:
-            self.publish()
+            self._publish_through_outages()
         if stats is not None and trainer.updates % self.settings.checkpoint_interval_updates == 0:
             self.checkpoint()
 
@@ -526,6 +535,15 @@ class Learner:
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
         return event
 
+    def _publish_through_outages(self) -> None:
+        """:meth:`publish`, and when the cluster does not acknowledge it, count and log the version and train on:
+        the next publish takes the next number, so a broker outage costs versions, not the learner."""
+        try:
+            self.publish()
+        except DeliveryError as exc:  # unacknowledged, not refused: a refused login or record stays fatal
+            self.counters.unannounced += 1
+            log.warning("learner %s: a version was not announced (training goes on): %s", self.member_id, exc)
+
     def checkpoint(self) -> Path | None:
         """Write the group's atomic checkpoint (see :mod:`.checkpoint`) and commit each member's offsets.
 
@@ -539,7 +557,13 @@ class Learner:
         positions: dict[int, int] = {}
         if self._reader is not None:
             # Dead letters below the checkpoint's offsets must be durable before the offsets move past them.
-            self._reader.flush_dead_letters()
+            try:
+                self._reader.flush_dead_letters()
+            except DeliveryError as exc:
+                # A checkpoint is collective (one member skipping it stalls the group), so it goes on, reporting the
+                # letters lost; pending ones may still arrive, and the next flush reports them if they fail.
+                self.counters.dead_letters_lost += exc.failed
+                log.warning("learner %s: dead letters not acknowledged by this checkpoint: %s", self.member_id, exc)
             positions = self._reader.positions()
         self._origins = {k: self._origins[k] for k in self.buffer if k in self._origins}
         mine = {
@@ -685,6 +709,9 @@ class Learner:
             "trajectories_rejected": float(self.counters.rejected + trainer.rejected),
             "trajectories_replayed": float(self.counters.replayed),
             "versions_published": float(self.counters.published),
+            "versions_unannounced": float(self.counters.unannounced),
+            "metric_events_lost": float(self.counters.metrics_lost),
+            "dead_letters_lost": float(self.counters.dead_letters_lost),
             "policy_lag_mean": float(lags.mean()) if lags.size else 0.0,
             "policy_lag_p95": float(np.percentile(lags, 95)) if lags.size else 0.0,
             "policy_lag_max": float(lags.max()) if lags.size else 0.0,
@@ -698,7 +725,7 @@ class Learner:
 
     def emit_metrics(self, *, final: bool = False) -> MetricEvent:
         """Publish :meth:`metrics` on ``{run}.metrics`` and start a new measurement window."""
-        assert self._producer is not None
+        assert self._metrics_producer is not None
         labels = {
             "algorithm": self.settings.algorithm,
             "policy_id": self.cfg.model.policy_id,
@@ -715,11 +742,17 @@ class Learner:
             values=self.metrics(),
             labels=labels,
         )
-        self._producer.produce_event(self.topics.metrics, event)
+        self._metrics_producer.produce_event(self.topics.metrics, event, on_delivery=self._metric_delivered)
         if self._tensorboard is not None:
             self._tensorboard.add_scalars(event.values, self.trainer.updates)
         self._window = _Window()
         return event
+
+    def _metric_delivered(self, err: KafkaError | None, msg: Message) -> None:
+        # Runs inside the metrics producer's poll, on the thread that emits metrics.
+        if err is not None:
+            self.counters.metrics_lost += 1
+            log.warning("learner %s: a metric event was lost: %s", self.member_id, err.str())
 
 
 def run_learner(cfg: Config, stop: threading.Event, **start_kwargs: Any) -> Learner:

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
+from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
@@ -134,6 +135,23 @@ def test_publish_writes_the_artifact_before_the_event(
     assert weight_events(cfg) == [event]
     assert learner.version == 1
     assert not adapter_dir(cfg, 2).exists()
+
+
+def test_a_lost_metric_event_is_counted_and_does_not_fail_the_next_publish(
+    make_config: Callable[..., Config], tiny_model_dir: Path, started: Callable[[Config], Learner], kafka_admin: Admin
+) -> None:
+    cfg = make_config(model={"base": tiny_model_dir}, kafka={"client": {"message.timeout.ms": "1500"}})
+    learner = started(cfg)
+    # A metrics topic gone (as in an outage longer than message.timeout.ms): the event's delivery fails for good.
+    kafka_admin.delete_topics([TopicNames(cfg.run).metrics])
+    deadline = time.monotonic() + 30
+    while learner.counters.metrics_lost == 0:
+        assert time.monotonic() < deadline, "the metric event's delivery never failed"
+        learner.emit_metrics()  # each emission serves the delivery reports of the earlier ones
+        time.sleep(0.5)
+    event = learner.publish()
+    assert event is not None and [e.version for e in weight_events(cfg)] == [1]
+    assert learner.metrics()["metric_events_lost"] >= 1
 
 
 def test_round_mode_waits_for_a_round_of_the_current_version_then_publishes_once(
