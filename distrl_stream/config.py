@@ -733,6 +733,16 @@ class Config(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _artifacts_outlive_the_served_versions(self) -> Config:
+        # A server that joins late loads its newest inference.keep_versions from {run}.artifacts: all must be there.
+        if self.artifacts.keep_versions < self.inference.keep_versions:
+            raise ValueError(
+                f"artifacts.keep_versions ({self.artifacts.keep_versions}) must be at least inference.keep_versions "
+                f"({self.inference.keep_versions})"
+            )
+        return self
+
     @property
     def run_dir(self) -> Path:
         """Files of this run (artifacts, checkpoints, logs)."""

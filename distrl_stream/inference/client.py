@@ -5,7 +5,8 @@ so the learner can correct for staleness and nobody has to trust that an update 
 
 - **Several servers.** The client holds a pool of servers (``inference.urls``, or the one of ``inference.url``). Each
   request goes to the server with the fewest requests in flight; when that server fails (connection refused or reset,
-  timeout, 5xx) the same request moves on to another, and the failed server gets no new request for a backoff
+  timeout, 5xx, an aborted answer, an answer by a version its listing does not name) the same request moves on to
+  another, and the failed server gets no new request for a backoff
   (``server_backoff_s``, doubling per consecutive failure up to ``server_backoff_max_s``) unless every other server
   failed too. Only when every server failed, ``retries`` rounds in a row, does the request fail.
 - **Versions per server.** Each server's ``/v1/models`` (re-read at most every ``version_poll_s`` seconds, or by
@@ -137,7 +138,8 @@ class Server:
 
 
 class _ServerFailed(Exception):
-    """One attempt on one server failed in a way another server may not (transport error, timeout, 5xx)."""
+    """One attempt on one server failed in a way another server may not (transport error, timeout, 5xx, an aborted
+    answer, an answer by a version it does not list)."""
 
 
 class InferenceClient:
@@ -347,18 +349,19 @@ class InferenceClient:
                 body, latency = await self._completion(server, payload, version)
         finally:
             server.in_flight -= 1
-        server.consecutive_failures = 0
-        server.retry_at = float("-inf")
         answered = self._answered_version(server, body)
         if answered not in server.listed:
             await self._refresh(server)  # loaded since we last read the listing
             if answered not in server.listed:
-                raise InferenceError(
-                    f"server {server.url} answered with {body.get('model')!r}, which its /v1/models does not list"
-                )
+                # Its answer cannot be recorded with an adapter (a listing out of step): another server's can.
+                raise _ServerFailed(f"answered with {body.get('model')!r}, which its /v1/models does not list")
         result = _parse_completion(body, answered, mode, latency, server.url, server.listed[answered])
         if result.finish_reason == "abort":  # the server stopped mid-answer (shutting down): another one may answer
             raise _ServerFailed(f"aborted the request after {result.text!r}")
+        # Only a usable answer ends a run of failures: resetting before the checks above kept an aborting server's
+        # backoff from ever doubling.
+        server.consecutive_failures = 0
+        server.retry_at = float("-inf")
         return result
 
     async def _ensure_versions(self, server: Server) -> None:

@@ -84,6 +84,14 @@ def test_a_bad_value_in_the_config_file_names_the_field(tmp_path: Path) -> None:
     assert "inference.device" in result.output and "'gpu'" in result.output
 
 
+def test_artifacts_must_keep_at_least_the_versions_a_server_keeps_loaded() -> None:
+    with pytest.raises(
+        ConfigError, match=r"artifacts.keep_versions \(2\) must be at least inference.keep_versions \(3\)"
+    ):
+        load_config(artifacts={"keep_versions": 2}, inference={"keep_versions": 3})
+    assert load_config(artifacts={"keep_versions": 3}, inference={"keep_versions": 3}).artifacts.keep_versions == 3
+
+
 def test_the_installed_command_prints_no_traceback_on_bad_input(tmp_path: Path) -> None:
     # The real entry point (not the test runner): what a user's shell sees.
     env = {**os.environ, "DISTRL_ENV__KIND": "desktop"}

@@ -175,14 +175,15 @@ class FakePolicyServer:
     ``/v1/models`` lists ``policy-v0`` and ``policy-v<N>`` for each N of ``versions`` (rooted at
     ``/staging/policy-v<N>-<sha256>``); ``/v1/completions`` answers the first candidate with the model asked for.
     ``status``: the HTTP status of completions (500 simulates a failing engine); ``finish_reason``: the one it
-    answers with ("abort" simulates a server stopping mid-answer); ``hold``: set to make completions wait until it is
-    cleared.
+    answers with ("abort" simulates a server stopping mid-answer); ``answers_as``: the model its answers name (default:
+    the one asked for); ``hold``: set to make completions wait until it is cleared.
     """
 
     def __init__(self, versions: Sequence[int]) -> None:
         self.versions = list(versions)
         self.status = 200
         self.finish_reason = "stop"
+        self.answers_as: str | None = None
         self.completions = 0
         self.hold = threading.Event()
         self.release = threading.Event()
@@ -213,7 +214,7 @@ class FakePolicyServer:
                     "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25]},
                     "finish_reason": fake.finish_reason,
                 }
-                self.send_json(200, {"model": body["model"], "choices": [choice]})
+                self.send_json(200, {"model": fake.answers_as or body["model"], "choices": [choice]})
 
         self.http = BackgroundHttpServer(Handler)
         self.url = self.http.url
@@ -310,6 +311,31 @@ async def test_an_answer_the_server_aborted_goes_to_another_server(
     # The truncated answer is never parsed as the policy's action: the healthy server's full one is.
     assert (result.server, result.text, result.finish_reason) == (healthy.url, CHOICES[0], "stop")
     assert stopping.completions == 1 and client.servers[0].failures == 1
+
+
+async def test_consecutive_aborts_double_the_servers_backoff(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    stopping = fake_servers([1])
+    stopping.finish_reason = "abort"
+    cfg = _pool_cfg(stopping, retries=1, retry_backoff_s=0.01, server_backoff_s=10.0, server_backoff_max_s=100.0)
+    async with InferenceClient(cfg) as client:
+        with pytest.raises(InferenceUnavailableError, match="aborted the request"):
+            await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+    server = client.servers[0]
+    assert (server.failures, server.consecutive_failures) == (2, 2)
+    assert server.retry_at - time.monotonic() > 15.0  # 10 s doubled, not 10 s again
+
+
+async def test_an_answer_by_a_version_the_server_does_not_list_goes_to_another_server(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    confused, healthy = fake_servers([1]), fake_servers([1])
+    confused.answers_as = "policy-v7"
+    async with InferenceClient(_pool_cfg(confused, healthy)) as client:
+        result = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+    assert (result.server, result.version, result.adapter_sha256) == (healthy.url, 1, SHA[1])
+    assert confused.completions == 1 and client.servers[0].failures == 1
 
 
 async def test_a_failed_server_is_tried_again_after_its_backoff(
