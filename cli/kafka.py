@@ -11,7 +11,14 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 
 from distrl_stream.cli.common import ConfigOption, build_config, run_command
 from distrl_stream.kafka.broker import EmbeddedBroker
-from distrl_stream.kafka.install import APACHE_MIRRORS, DEFAULT_KAFKA_VERSION, install_kafka, kafka_cache_dir
+from distrl_stream.kafka.install import (
+    APACHE_MIRRORS,
+    DEFAULT_KAFKA_VERSION,
+    install_kafka,
+    kafka_cache_dir,
+    kafka_record_file,
+    record_kafka_home,
+)
 
 app = typer.Typer(
     help="Run the embedded single-node Kafka broker (KRaft) that a one-machine setup uses.", no_args_is_help=True
@@ -48,7 +55,9 @@ def start(
     kafka_home: Annotated[
         Path | None,
         typer.Option(
-            "--kafka-home", help="Apache Kafka installation.", show_default="$KAFKA_HOME, then `kafka install`'s cache"
+            "--kafka-home",
+            help="Apache Kafka installation.",
+            show_default="$KAFKA_HOME, then the one `kafka use` recorded, then `kafka install`'s cache",
         ),
     ] = None,
     timeout: Annotated[
@@ -170,3 +179,15 @@ def install(
         )
     typer.echo(f"Apache Kafka installed in {home}")
     typer.echo(f"export KAFKA_HOME={home}")
+
+
+@app.command("use")
+def use(
+    kafka_home: Annotated[Path, typer.Argument(help="An Apache Kafka installation (a folder with libs/*.jar).")],
+) -> None:
+    """Record KAFKA_HOME as this environment's Kafka installation (`make setup` does it with the one it used).
+
+    Every command then finds it when KAFKA_HOME is not set; broker.kafka_home and KAFKA_HOME still win.
+    """
+    home = run_command(record_kafka_home, kafka_home)
+    typer.echo(f"Apache Kafka at {home} recorded in {kafka_record_file()}")

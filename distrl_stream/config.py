@@ -121,8 +121,8 @@ class BrokerConfig(Section):
 
     kafka_home: Path | None = Field(
         default_factory=lambda: Path(os.environ["KAFKA_HOME"]) if os.environ.get("KAFKA_HOME") else None,
-        description="Apache Kafka installation (a folder with libs/*.jar). Default: $KAFKA_HOME, then the "
-        "user cache that `kafka install` fills.",
+        description="Apache Kafka installation (a folder with libs/*.jar). Default: $KAFKA_HOME, then the one "
+        "`kafka use` recorded in this environment (`make setup` does), then the user cache that `kafka install` fills.",
     )
     port: int = Field(0, ge=0, le=65535, description="Client listener port; 0 picks a free one.")
     heap_mb: int = Field(512, ge=128, description="JVM heap of the broker (-Xms/-Xmx).")

@@ -31,7 +31,10 @@ stamp="$VENV/.distrl-setup"
 want=$( { cat pyproject.toml scripts/setup.sh; echo "$extras"; } | sha256sum | cut -d' ' -f1)
 # The pretrained policy the tests and `up --model smollm2-135m-instruct` use: a no-op once pulled (docs/policy.md).
 pull_pretrained() { "$VENV/bin/distrl-stream" model pull smollm2-135m-instruct distrl-data/models/smollm2-135m-instruct; }
+# The Kafka the Makefile found (KAFKA_HOME): recorded in the venv, so commands run by hand find it without it.
+record_kafka() { [ -z "${KAFKA_HOME:-}" ] || "$VENV/bin/distrl-stream" kafka use "$KAFKA_HOME"; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    record_kafka
     pull_pretrained
     exit 0
 fi
@@ -49,6 +52,7 @@ if ! has_gpu; then
     # with "operator torchvision::nms does not exist".
     "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
+record_kafka
 pull_pretrained
 echo "$want" > "$stamp"
 echo "setup: done ($extras)"

@@ -1,4 +1,5 @@
-"""Finding and installing Apache Kafka: ``KAFKA_HOME``, or official release archives unpacked into a user cache.
+"""Finding and installing Apache Kafka: ``KAFKA_HOME``, the installation this environment recorded (``kafka use``,
+which ``make setup`` runs), or official release archives unpacked into a user cache.
 
 An installation is any folder laid out like the official release: ``libs/`` holding ``kafka_<scala>-<version>.jar``
 (or at least ``kafka-clients-<version>.jar``) and its dependencies. Downloads come from the Apache mirrors and are
@@ -13,6 +14,7 @@ import logging
 import os
 import re
 import shutil
+import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -42,6 +44,36 @@ def kafka_cache_dir() -> Path:
     return Path(base) / "distrl-stream" / "kafka"
 
 
+def kafka_record_file() -> Path:
+    """Where ``kafka use`` records this environment's Kafka installation: ``<sys.prefix>/distrl-kafka-home``.
+
+    In the environment, not the data folder: ``make setup`` made both, and every ``distrl-stream`` of this
+    environment finds it, whatever folder it runs in and without the Makefile's ``KAFKA_HOME``.
+    """
+    return Path(sys.prefix) / "distrl-kafka-home"
+
+
+def record_kafka_home(home: Path, record: Path | None = None) -> Path:
+    """Record ``home`` as this environment's Kafka installation (see :func:`find_kafka_home`); returns it, absolute.
+
+    Raises:
+        KafkaInstallError: ``home`` is not a Kafka installation.
+    """
+    home = home.expanduser().resolve()
+    installation_name(home)
+    (record or kafka_record_file()).write_text(f"{home}\n")
+    return home
+
+
+def recorded_kafka_home(record: Path | None = None) -> Path | None:
+    """The installation :func:`record_kafka_home` recorded, or None."""
+    try:
+        text = (record or kafka_record_file()).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return Path(text) if text else None
+
+
 def installation_name(home: Path) -> str:
     """The release name of an installation, e.g. ``kafka_2.13-4.4.0``.
 
@@ -64,12 +96,12 @@ def kafka_version(home: Path) -> str:
     return installation_name(home).rpartition("-")[2]
 
 
-def find_kafka_home(configured: Path | None = None, cache: Path | None = None) -> Path:
-    """The Kafka installation to run: ``configured`` (``broker.kafka_home`` / ``$KAFKA_HOME``) if given, else the
-    newest release in the cache.
+def find_kafka_home(configured: Path | None = None, cache: Path | None = None, record: Path | None = None) -> Path:
+    """The Kafka installation to run: ``configured`` (``broker.kafka_home``, whose default is ``$KAFKA_HOME``) if
+    given, else the one this environment recorded (:func:`record_kafka_home`), else the newest release in the cache.
 
     Raises:
-        BrokerError: the configured folder is not a Kafka installation, or none is configured nor installed.
+        BrokerError: the configured folder is not a Kafka installation, or none is configured, recorded nor installed.
     """
     if configured is not None:
         try:
@@ -77,6 +109,12 @@ def find_kafka_home(configured: Path | None = None, cache: Path | None = None) -
         except KafkaInstallError as exc:
             raise BrokerError(f"KAFKA_HOME: {exc}") from None
         return configured
+    record = record or kafka_record_file()
+    recorded = recorded_kafka_home(record)
+    if recorded is not None:
+        if _is_installation(recorded):
+            return recorded
+        log.warning("the Kafka installation recorded in %s, %s, is gone: looking in the cache", record, recorded)
     cache = cache or kafka_cache_dir()
     found = []
     for home in cache.glob("kafka*") if cache.is_dir() else []:
@@ -86,8 +124,9 @@ def find_kafka_home(configured: Path | None = None, cache: Path | None = None) -
             continue
     if not found:
         raise BrokerError(
-            "no Apache Kafka installation: set KAFKA_HOME to one (a folder with libs/*.jar) "
-            "or run `distrl-stream kafka install`"
+            "no Apache Kafka installation: set broker.kafka_home or KAFKA_HOME to one (a folder with libs/*.jar), "
+            f"record one in {record} with `distrl-stream kafka use DIR` (as `make setup` does), "
+            f"or run `distrl-stream kafka install` (into {cache})"
         )
     return max(found)[1]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,3 +71,24 @@ def test_help_documents_every_option(command: list[str]) -> None:
     assert options
     for line in options:
         assert len(line.split("  ")) > 2, f"undocumented option: {line}"
+
+
+@pytest.mark.kafka
+def test_kafka_start_finds_the_installation_setup_recorded_without_kafka_home(
+    kafka_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A shell after `make setup`: no KAFKA_HOME (only the Makefile sets it), no release in the user cache.
+    monkeypatch.delenv("KAFKA_HOME")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "venv").mkdir()
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "venv"))  # where the record lives: this environment
+    data = ["--data-dir", str(tmp_path / "data")]
+    missing = runner.invoke(app, ["kafka", "start", *data])
+    assert missing.exit_code == 1 and "no Apache Kafka installation" in missing.output
+    used = runner.invoke(app, ["kafka", "use", str(kafka_home)])  # what scripts/setup.sh runs
+    assert used.exit_code == 0, used.output
+    try:
+        started = runner.invoke(app, ["kafka", "start", *data])
+        assert started.exit_code == 0, started.output
+    finally:
+        runner.invoke(app, ["kafka", "stop", *data])

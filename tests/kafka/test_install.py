@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from distrl_stream.kafka.install import (
     installation_name,
     kafka_version,
     parse_sha512,
+    record_kafka_home,
     verify_sha512,
 )
 
@@ -152,6 +154,29 @@ def test_find_kafka_home_errors_say_what_to_do(tmp_path: Path) -> None:
         find_kafka_home(None, tmp_path / "empty")
     with pytest.raises(BrokerError, match=r"KAFKA_HOME: .* is not an Apache Kafka installation"):
         find_kafka_home(tmp_path, tmp_path / "empty")
+
+
+def test_find_kafka_home_takes_the_configured_then_the_recorded_then_the_cached_one(tmp_path: Path) -> None:
+    cache, record = tmp_path / "cache", tmp_path / "venv-record"
+    cached = _fake_release(cache, "4.0.0")
+    recorded = record_kafka_home(_fake_release(tmp_path / "shared", "4.4.0"), record)
+    configured = _fake_release(tmp_path / "elsewhere", "3.9.0")
+    assert find_kafka_home(configured, cache, record) == configured
+    assert find_kafka_home(None, cache, record) == recorded
+    shutil.rmtree(recorded)  # a recorded installation that is gone: the cache still serves
+    assert find_kafka_home(None, cache, record) == cached
+
+
+def test_no_kafka_anywhere_names_every_place_looked_in(tmp_path: Path) -> None:
+    record, cache = tmp_path / "venv-record", tmp_path / "empty"
+    with pytest.raises(BrokerError) as info:
+        find_kafka_home(None, cache, record)
+    message = str(info.value)
+    assert "\n" not in message
+    for place in ("broker.kafka_home", "KAFKA_HOME", str(record), "kafka use DIR", "kafka install", str(cache)):
+        assert place in message
+    with pytest.raises(KafkaInstallError, match="is not an Apache Kafka installation"):
+        record_kafka_home(tmp_path, record)
 
 
 def test_the_shared_kafka_folder_is_recognised(kafka_home: Path) -> None:
