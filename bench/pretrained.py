@@ -50,6 +50,8 @@ MODEL = "smollm2-135m-instruct"
 MODEL_DIR = Path(__file__).resolve().parents[1] / "distrl-data" / "models" / MODEL
 TARGET_RATIO = 0.7
 TARGET_RSS_GB = 3.0
+# Address space of one learner child (RLIMIT_AS); the model, torch and the libraries take about 4 GB of it.
+CHILD_MEMORY_GB = 14
 
 log = logging.getLogger("bench.pretrained")
 
@@ -233,20 +235,23 @@ def _max_rss_gb() -> float:
 def learner_efficiency(model_dir: Path, updates: int) -> dict[str, Any]:
     """Each setting in its own child process, one after the other."""
     profile = PRETRAINED_UP_PROFILE["learner"]
-    base = {k: profile[k] for k in ("batch_episodes", "min_buffer_episodes", "micro_batch_steps", "threads")}
+    keys = ("batch_episodes", "min_buffer_episodes", "micro_batch_steps", "gradient_checkpointing", "threads")
+    base = {k: profile[k] for k in keys}
     settings = {
         "profile": base,
-        "one_pass": {**base, "micro_batch_steps": 10_000},
-        "profile_checkpointing": {**base, "gradient_checkpointing": True},
+        "no_checkpointing": {**base, "gradient_checkpointing": False},
+        # What an update cost before micro-batching: the whole batch in one forward with gradient.
+        "one_pass": {**base, "micro_batch_steps": 10_000, "gradient_checkpointing": False},
     }
-    out = {}
+    out: dict[str, Any] = {}
     for name, values in settings.items():
         command = [sys.executable, __file__, "--child", json.dumps({"settings": values, "updates": updates})]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
+        last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+        if done.returncode != 0 or not last.startswith("{"):
             raise RuntimeError(f"learner child {name} failed:\n{done.stderr[-3000:]}")
-        out[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        log.info("%s: %s", name, {k: out[name][k] for k in ("update_s", "ratio", "rss_peak_gb")})
+        out[name] = json.loads(last)
+        log.info("%s: %s", name, {k: out[name].get(k) for k in ("update_s", "ratio", "rss_peak_gb", "error")})
     return out
 
 
@@ -261,7 +266,17 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         spec = json.loads(args.child)
-        print(json.dumps(learner_child(MODEL_DIR, spec["settings"], spec["updates"], seed=0)))
+        # A setting that needs more memory than CHILD_MEMORY_GB fails with torch's allocation error, reported, instead
+        # of taking the machine into the kernel's OOM killer (the one-pass batch did, at 24 GB).
+        limit = CHILD_MEMORY_GB * 2**30
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            print(json.dumps(learner_child(MODEL_DIR, spec["settings"], spec["updates"], seed=0)))
+        except (MemoryError, RuntimeError) as exc:
+            if "alloc" not in str(exc).lower() and not isinstance(exc, MemoryError):
+                raise
+            error = f"needs more than {CHILD_MEMORY_GB} GB of address space: {str(exc).splitlines()[0][:200]}"
+            print(json.dumps({"settings": spec["settings"], "error": error}))
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

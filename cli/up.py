@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -146,7 +147,7 @@ def _held_out(result: dict[str, float] | None) -> str:
 
 
 def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
-    served = ", ".join(f"v{v}" for v in s.versions_served) or "none"
+    served = version_ranges(s.versions_served)
     lines = [
         f"run {s.run} {'FAILED' if s.failure else 'stopped'} after {s.ran_s:.0f} s",
         f"  trajectories: {s.episodes} (success {100 * s.success_rate:.1f}%, {s.trajectories_per_min:.1f}/min)",
@@ -175,3 +176,14 @@ def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
     lines.append(f"  distrl-stream monitor{flags} --once")
     lines.append(f"  distrl-stream replay report{flags}")
     return "\n".join(lines)
+
+
+def version_ranges(versions: Iterable[int]) -> str:
+    """Versions as runs of consecutive numbers: ``v1-v44``, or ``v1-v3, v5`` when one is missing; ``none``."""
+    runs: list[list[int]] = []
+    for v in sorted(set(versions)):
+        if runs and v == runs[-1][-1] + 1:
+            runs[-1].append(v)
+        else:
+            runs.append([v])
+    return ", ".join(f"v{r[0]}" if len(r) == 1 else f"v{r[0]}-v{r[-1]}" for r in runs) or "none"

@@ -72,22 +72,28 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
         "threads": 1,
     },
 }
-# `up`'s profile when the base is a pretrained model (its tokenizer has a chat template; docs/cli.md): SmolLM2-135M
-# is 400 times the tiny model, so one update costs seconds and a step's prompt ~270 tokens. Sized so that the learner
-# keeps up with what the collectors bring instead of pausing them (measured in bench/results/pretrained.json).
+# `up`'s profile when the base is a pretrained model (its tokenizer has a chat template; docs/cli.md). SmolLM2-135M is
+# 400 times the tiny model and a step's chat prompt ~290 tokens: one torch thread does a forward + backward at about
+# 200 tokens/s, so an update of a few episodes takes tens of seconds and the learner, not collection, sets the pace
+# (bench/results/pretrained.json).
 PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
-    "inference": {"max_model_len": 2048},
-    "collector": {"envs": 4, "samples_per_insert": 2.0},
+    # float32: the learner's log π then equals the behaviour's (mean gap 0.0000 nats; bf16 serving: 0.065, for 2.5x
+    # the actions/s, which the learner could not use anyway).
+    "inference": {"max_model_len": 2048, "dtype": "float32"},
+    # Fewer envs leave CPU to the learner; each episode is trained on about once before the collectors pause.
+    "collector": {"envs": 2, "samples_per_insert": 1.0},
     "learner": {
-        "batch_episodes": 4,
+        "batch_episodes": 2,
         "min_buffer_episodes": 4,
-        "micro_batch_steps": 8,
+        # Two prompts per forward, layers checkpointed: peak RSS ~2.2 GB, where a batch in one pass needs over 12 GB.
+        "micro_batch_steps": 2,
+        "gradient_checkpointing": True,
         "policy_lr": 3e-4,
         "critic_lr": 1e-3,
         "critic_warmup_updates": 10,
         "advantage_centering": True,
-        "updates_per_version": 5,
+        "updates_per_version": 2,
         "threads": 1,
     },
 }

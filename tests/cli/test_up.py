@@ -257,3 +257,11 @@ def test_sigterm_to_up_while_it_starts_stops_everything(tmp_path: Path, kafka_ho
     while _marked_processes(marker) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _marked_processes(marker) == []
+
+
+def test_served_versions_print_as_ranges() -> None:
+    from distrl_stream.cli.up import version_ranges
+
+    assert version_ranges(range(1, 45)) == "v1-v44"
+    assert version_ranges([5, 1, 2, 3, 7, 8]) == "v1-v3, v5, v7-v8"
+    assert version_ranges([]) == "none"

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
 
 from distrl_stream.config import LearnerConfig, ModelConfig
+from distrl_stream.envs.sim import sim_tasks
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
-from distrl_stream.policy.prompt import build_prompt
-from tests.learner.simdata import sim_events
+from distrl_stream.policy.prompt import Prompter, build_prompt
+from tests.learner.simdata import sim_event, sim_events
 
 torch.set_num_threads(1)
 
@@ -159,3 +162,24 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir: Path, ep
     assert checkpointed.model.is_gradient_checkpointing
     for a, b in zip(plain, _first_update_gradients(checkpointed, "aride"), strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
+    # SmolLM2-135M with chat prompts, micro-batches of 2 steps and checkpointed layers (up's pretrained profile).
+    model, tokenizer = load_policy(smollm2_dir, ModelConfig())
+    rng = random.Random(0)
+    tasks = sim_tasks("train", 20, ["take_photo", "turn_on_setting"])
+    prompter = Prompter(tokenizer)
+    episodes = [episode_from_event(sim_event(tokenizer, rng.choice(tasks), rng, prompter=prompter)) for _ in range(4)]
+    cfg = LearnerConfig(
+        batch_episodes=2, min_buffer_episodes=2, micro_batch_steps=2, gradient_checkpointing=True, policy_lr=1e-3
+    )
+    t = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
+    for episode in episodes:
+        t.buffer.add(episode)
+    assert t.prompter.format == "chat" and sum(len(e) for e in episodes) > cfg.micro_batch_steps
+    before = lora_snapshot(t)
+    stats = t.update("aride", version=0)
+    assert stats is not None and all(math.isfinite(v) for v in stats.values())
+    assert changed(before, t)
+    assert stats["rho_mean"] > 0
