@@ -216,13 +216,13 @@ class LearnerConfig(Section):
     min_buffer_episodes: int = Field(
         8, ge=1, description="Episodes held before the first update. Source: ours (one batch of distinct episodes)."
     )
-    micro_batch_steps: int = Field(
-        16,
+    micro_batch_steps: int | None = Field(
+        None,
         ge=1,
-        description="Steps (prompts) per forward pass of the policy. An update over more steps first computes the "
-        "loss's gradient with respect to each step's log π, then redoes the forward one micro-batch at a time with "
-        "gradient and accumulates, so peak memory is one micro-batch's, not the batch's (docs/learner.md). "
-        "Source: ours.",
+        description="Steps (prompts) per forward pass of the policy; None: the whole batch in one pass (the tiny "
+        "models). An update over more steps first computes the loss's gradient with respect to each step's log π, "
+        "then redoes the forward one micro-batch at a time with gradient and accumulates, so peak memory is one "
+        "micro-batch's, not the batch's, for one forward pass more (docs/learner.md). Source: ours.",
     )
     gradient_checkpointing: bool = Field(
         False,
@@ -363,8 +363,9 @@ class ModelConfig(Section):
     )
     base: Path | None = Field(
         None,
-        description="Base model folder (any vLLM-servable causal LM, e.g. a Qwen2.5 instruct model on disk). "
-        "None: build the local model of `size` into data_dir/models/<size> on first use.",
+        description="Base model folder (any vLLM-servable causal LM, e.g. a Qwen2.5 instruct model on disk), or the "
+        "name of a known pretrained model (`distrl-stream model list`, e.g. smollm2-135m-instruct), pulled into "
+        "data_dir/models/<name> on first use. None: build the local model of `size` into data_dir/models/<size>.",
     )
     size: Literal["tiny", "small"] = Field(
         "tiny", description="Local model to build when `base` is None: tiny ≈0.33M params, small ≈10M."

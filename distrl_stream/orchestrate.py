@@ -78,15 +78,15 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
 # (bench/results/pretrained.json).
 PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
-    # float32: the learner's log π then equals the behaviour's (mean gap 0.0000 nats; bf16 serving: 0.065, for 2.5x
-    # the actions/s, which the learner could not use anyway).
+    # float32: the learner's log π then equals the behaviour's (mean gap 0.0000 nats; bf16 serving: 0.070, for 5.7
+    # instead of 2.25 actions/s, which the learner could not use anyway).
     "inference": {"max_model_len": 2048, "dtype": "float32"},
     # Fewer envs leave CPU to the learner; each episode is trained on about once before the collectors pause.
     "collector": {"envs": 2, "samples_per_insert": 1.0},
     "learner": {
         "batch_episodes": 2,
         "min_buffer_episodes": 4,
-        # Two prompts per forward, layers checkpointed: peak RSS ~2.2 GB, where a batch in one pass needs over 12 GB.
+        # Two prompts per forward, layers checkpointed: peak RSS 2.1 GB; a batch in one pass exceeds 14 GB.
         "micro_batch_steps": 2,
         "gradient_checkpointing": True,
         "policy_lr": 3e-4,

@@ -30,7 +30,11 @@ if has_gpu; then extras="gpu,miniwob,tensorboard,dev"; else extras="cpu,miniwob,
 stamp="$VENV/.distrl-setup"
 want=$( { cat pyproject.toml scripts/setup.sh; echo "$extras"; } | sha256sum | cut -d' ' -f1)
 # The pretrained policy the tests and `up --model smollm2-135m-instruct` use: a no-op once pulled (docs/policy.md).
-pull_pretrained() { "$VENV/bin/distrl-stream" model pull smollm2-135m-instruct distrl-data/models/smollm2-135m-instruct; }
+# Not fatal: the unit tests and the tiny-model demo need no pretrained model (the tests that do pull it again).
+pull_pretrained() {
+    "$VENV/bin/distrl-stream" model pull smollm2-135m-instruct distrl-data/models/smollm2-135m-instruct \
+        || echo "setup: warning: could not pull smollm2-135m-instruct (the tests that use it will try again)" >&2
+}
 # The Kafka the Makefile found (KAFKA_HOME): recorded in the venv, so commands run by hand find it without it.
 record_kafka() { [ -z "${KAFKA_HOME:-}" ] || "$VENV/bin/distrl-stream" kafka use "$KAFKA_HOME"; }
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then

@@ -233,7 +233,7 @@ class InferenceClient:
         """Sample one action from the newest version loaded on the server chosen for it.
 
         Args:
-            prompt: from :func:`distrl_stream.policy.prompt.build_prompt`.
+            prompt: from the run's :class:`distrl_stream.policy.prompt.Prompter`.
             candidates: the actions to choose among (choice mode).
             mode: ``choice`` or ``free``; default ``cfg.mode``.
 

@@ -239,7 +239,9 @@ class Learner:
             self._restore(checkpoint, model_dir)
             return
         torch.manual_seed(self.settings.seed)  # a fresh adapter's LoRA A matrices are drawn here: `learner.seed` too
-        model, tokenizer = load_policy(model_dir, self.cfg.model, self.settings.init_adapter, self.device)
+        model, tokenizer = load_policy(
+            model_dir, self.cfg.model, self.settings.init_adapter, self.device, self.cfg.inference.dtype
+        )
         self._trainer = self._new_trainer(model, tokenizer)
         self.version = self.group.broadcast(newest_artifact_version(self.cfg))
         if from_replay is not None:
@@ -276,7 +278,9 @@ class Learner:
                 f"checkpoint {checkpoint} is format {state.get('format')!r} of run {state.get('run')!r}; "
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
-        model, tokenizer = load_policy(model_dir, self.cfg.model, checkpoint / "adapter", self.device)
+        model, tokenizer = load_policy(
+            model_dir, self.cfg.model, checkpoint / "adapter", self.device, self.cfg.inference.dtype
+        )
         trainer = self._new_trainer(model, tokenizer)
         try:
             trainer.load_state_dict(torch.load(checkpoint / "trainer.pt", weights_only=True))

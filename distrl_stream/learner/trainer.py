@@ -37,7 +37,7 @@ from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
 from distrl_stream.learner.records import EpisodeRecord, collate
-from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
+from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, decoder_states, output_logits
 from distrl_stream.policy.prompt import Prompter
 
 log = logging.getLogger(__name__)
@@ -79,8 +79,14 @@ def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str]:
     )
 
 
-def served_dtype(model_dir: Path) -> torch.dtype:
-    """The dtype vLLM's ``dtype=auto`` serves ``model_dir`` in: the checkpoint's own, float32 checkpoints in float16."""
+def served_dtype(model_dir: Path, dtype: str = "auto") -> torch.dtype:
+    """The dtype the server serves ``model_dir`` in with ``--dtype dtype`` (``inference.dtype``): that one, or for
+    vLLM's ``auto`` the checkpoint's own, float32 checkpoints in float16."""
+    if dtype != "auto":
+        named = getattr(torch, {"half": "float16", "float": "float32"}.get(dtype, dtype), None)
+        if not isinstance(named, torch.dtype):
+            raise LearnerError(f"inference.dtype {dtype!r} is not a torch dtype the learner can load the base in")
+        return named
     config = json.loads((model_dir / "config.json").read_text())
     name = config.get("torch_dtype") or config.get("dtype") or "float32"
     dtype = getattr(torch, str(name), torch.float32)
@@ -88,7 +94,11 @@ def served_dtype(model_dir: Path) -> torch.dtype:
 
 
 def load_policy(
-    model_dir: Path, model: ModelConfig, adapter: Path | None = None, device: torch.device | None = None
+    model_dir: Path,
+    model: ModelConfig,
+    adapter: Path | None = None,
+    device: torch.device | None = None,
+    served: str = "auto",
 ) -> tuple[PeftModel, PreTrainedTokenizerBase]:
     """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``.
 
@@ -101,6 +111,7 @@ def load_policy(
         adapter: a peft adapter folder to start from (warm start or checkpoint); None for a fresh adapter, which
             leaves the base model's behaviour unchanged (peft initialises B = 0).
         device: where the model lives (default the CPU).
+        served: the server's ``--dtype`` (``inference.dtype``); on CUDA the base is loaded in it.
 
     Raises:
         LearnerError: the adapter folder is not a peft LoRA adapter, or its rank exceeds ``model.lora_rank`` (the
@@ -108,7 +119,7 @@ def load_policy(
     """
     device = device or torch.device("cpu")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    dtype = served_dtype(model_dir) if device.type == "cuda" else torch.float32
+    dtype = served_dtype(model_dir, served) if device.type == "cuda" else torch.float32
     base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
     if adapter is None:
         return get_peft_model(base, lora_config(model, base)), tokenizer
@@ -210,7 +221,21 @@ class Trainer:
         self.prompter = Prompter(tokenizer)
         # Micro-batched forward passes whose backward is still to be done (policy_terms -> _step).
         self._deferred: list[tuple[Sequence[tuple[EpisodeRecord, int]], Tensor, Tensor]] = []
+        _check_output_head(model)
         if cfg.gradient_checkpointing:
+            dropout = [
+                f"{name} {value}"
+                for name, value in (
+                    ("model.lora_dropout", getattr(model.peft_config.get("default"), "lora_dropout", 0.0)),
+                    ("the base's attention_dropout", getattr(model.config, "attention_dropout", 0.0)),
+                )
+                if value
+            ]
+            if dropout:
+                # Checkpointing needs training mode, which turns dropout on: log π would no longer be the server's.
+                raise LearnerError(
+                    f"learner.gradient_checkpointing needs a policy without dropout: {', '.join(dropout)}"
+                )
             # Non-reentrant: the frozen embedding's output needs no gradient for the layers' recomputation to work.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.train()  # transformers checkpoints only in training mode; the policy has no dropout (lora_dropout)
@@ -416,13 +441,14 @@ class Trainer:
         backpropagates the loss to it, and redoes each micro-batch's forward with gradient, backpropagating that
         micro-batch's share (the loss couples an episode's steps through ρ and Retrace, so it needs every step's
         log π before any gradient exists). Peak memory is one micro-batch's activations; the cost is one forward
-        pass more, and only for batches larger than a micro-batch.
+        pass more, and only for batches larger than a micro-batch. So a loss built on these terms must be
+        backpropagated by :meth:`_step` (a plain ``backward()`` would stop at the leaves).
 
         Raises:
             ActionConstraintError: a choice-mode action whose tokens the candidates' grammar forbids.
         """
         steps = [(e, t) for e in episodes for t in range(len(e))]
-        size = self.cfg.micro_batch_steps
+        size = self.cfg.micro_batch_steps or max(len(steps), 1)
         if len(steps) <= size or not torch.is_grad_enabled():
             logprob, entropy = self._micro_batches(steps, size)
         else:
@@ -459,8 +485,8 @@ class Trainer:
     def _backward_deferred(self) -> None:
         """The second half of a micro-batched :meth:`policy_terms`: each micro-batch's forward again, with gradient,
         backpropagated with the loss's gradient with respect to its steps' log π and entropy."""
-        size = self.cfg.micro_batch_steps
         for steps, logprob, entropy in self._deferred:
+            size = self.cfg.micro_batch_steps or len(steps)
             if logprob.grad is None and entropy.grad is None:
                 continue  # the loss did not use the policy (the critic's warm-up)
             for i in range(0, len(steps), size):
@@ -587,6 +613,25 @@ class Trainer:
         self.updates = int(state["updates"])
         self.rejected = int(state["rejected"])
         torch.set_rng_state(state["torch_rng"])
+
+
+def _check_output_head(model: torch.nn.Module) -> None:
+    """Refuse a policy whose logits are not ``linear(hidden, head.weight)`` (a LoRA on the output head, a logit
+    scale), which :func:`~distrl_stream.policy.logprobs.output_logits` would get wrong: checked against the model's
+    own forward on a few tokens."""
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    if type(base.get_output_embeddings()) is not torch.nn.Linear:
+        raise LearnerError("the policy's output head is not a plain linear layer (LoRA on lm_head is not supported)")
+    ids = torch.arange(1, 9, device=next(model.parameters()).device).unsqueeze(0) % model.config.vocab_size
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits[0, :, : model.config.vocab_size].float()
+        got = output_logits(model, decoder_states(model, ids, torch.ones_like(ids), positions)[0])
+    if not torch.allclose(got, expected, atol=1e-3 * max(1.0, float(expected.abs().max())), rtol=0):
+        raise LearnerError(
+            "the policy's logits are not its output head applied to its last hidden states (a logit scale or "
+            f"soft cap the learner does not reproduce: max difference {float((got - expected).abs().max()):.3g})"
+        )
 
 
 def _batch_stats(version: int, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:

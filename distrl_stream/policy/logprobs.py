@@ -121,18 +121,21 @@ def decoder_states(model: torch.nn.Module, input_ids: Tensor, attention_mask: Te
     batch), and the learner needs its rows for a few tokens only. Works for a transformers causal LM and for a peft
     wrapper of one (LoRA layers are injected in place, so the decoder runs them).
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    out = base.get_decoder()(
+    out = _causal_lm(model).get_decoder()(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     )
     return out.last_hidden_state
 
 
+def _causal_lm(model: torch.nn.Module) -> Any:
+    """The transformers model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def output_logits(model: torch.nn.Module, hidden: Tensor, token_ids: Tensor | None = None) -> Tensor:
     """Logits of ``hidden`` ``[N, hidden]`` for every token (``[N, V]``) or only for ``token_ids`` (``[N, K]``): the
     same numbers as the model's own forward, computed for the rows that are needed."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    head = base.get_output_embeddings()
+    head = _causal_lm(model).get_output_embeddings()
     weight = head.weight[: model.config.vocab_size]
     bias = None if head.bias is None else head.bias[: model.config.vocab_size]
     if token_ids is not None:

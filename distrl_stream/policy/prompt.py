@@ -75,14 +75,10 @@ def build_prompt(
         >>> build_prompt("Turn on wifi", "[0] switch Wi-Fi off", ['{"action_type":"navigate_home"}'])
         'Task: Turn on wifi\\nScreen:\\n[0] switch Wi-Fi off\\nPrevious:\\n{"action_type":"navigate_home"}\\nAction:\\n'
     """
-    recent = list(previous_actions)[-max_previous:] if max_previous > 0 else []
-    history = "\n".join(_clip(_one_line(a), MAX_ACTION_CHARS) for a in recent) if recent else "none"
-    return (
-        f"Task: {_clip(_one_line(instruction), MAX_INSTRUCTION_CHARS)}\n"
-        f"Screen:\n{_clip(observation_text.strip(), max_observation_chars)}\n"
-        f"Previous:\n{history}\n"
-        "Action:\n"
+    task, screen, history = _fields(
+        instruction, observation_text, previous_actions, max_observation_chars, max_previous
     )
+    return f"Task: {task}\nScreen:\n{screen}\nPrevious:\n{history}\nAction:\n"
 
 
 def build_messages(
@@ -108,13 +104,10 @@ def build_messages(
         Choose one of these actions:
         {"action_type":"click","index":0}
     """
-    recent = list(previous_actions)[-max_previous:] if max_previous > 0 else []
-    history = "\n".join(_clip(_one_line(a), MAX_ACTION_CHARS) for a in recent) if recent else "none"
-    user = (
-        f"Task: {_clip(_one_line(instruction), MAX_INSTRUCTION_CHARS)}\n"
-        f"Screen:\n{_clip(observation_text.strip(), max_observation_chars)}\n"
-        f"Previous actions:\n{history}"
+    task, screen, history = _fields(
+        instruction, observation_text, previous_actions, max_observation_chars, max_previous
     )
+    user = f"Task: {task}\nScreen:\n{screen}\nPrevious actions:\n{history}"
     if candidates:
         # Listed whole: the server's grammar allows exactly these strings, so the model should see every one.
         user += "\nChoose one of these actions:\n" + "\n".join(_one_line(c) for c in candidates)
@@ -149,6 +142,20 @@ class Prompter:
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert isinstance(text, str)
         return text
+
+
+def _fields(
+    instruction: str,
+    observation_text: str,
+    previous_actions: Sequence[str],
+    max_observation_chars: int,
+    max_previous: int,
+) -> tuple[str, str, str]:
+    """The task, the screen and the history (the last ``max_previous`` actions, ``none`` without any), cut to size."""
+    recent = list(previous_actions)[-max_previous:] if max_previous > 0 else []
+    history = "\n".join(_clip(_one_line(a), MAX_ACTION_CHARS) for a in recent) if recent else "none"
+    task = _clip(_one_line(instruction), MAX_INSTRUCTION_CHARS)
+    return task, _clip(observation_text.strip(), max_observation_chars), history
 
 
 def _one_line(text: str) -> str:

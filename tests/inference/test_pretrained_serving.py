@@ -32,8 +32,9 @@ from tests.fixtures.vllm import VllmService
 
 pytestmark = pytest.mark.vllm
 
-# The bound: server in bf16, learner in fp32, mean |gap| per action.
-MAX_MEAN_GAP = 0.05
+# Server and learner both in float32 (the pretrained profile serves float32 for this): measured 0.0000 nats per action;
+# bf16 serving measured 0.070, above the 0.05 bound (docs/policy.md).
+MAX_MEAN_GAP = 1e-3
 
 
 def _sim_states(tokenizer: PreTrainedTokenizerBase, n: int) -> list[tuple[str, list[str]]]:

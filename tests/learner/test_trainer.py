@@ -12,6 +12,7 @@ import torch
 
 from distrl_stream.config import LearnerConfig, ModelConfig
 from distrl_stream.envs.sim import sim_tasks
+from distrl_stream.errors import LearnerError
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
@@ -159,9 +160,39 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir: Path, ep
     plain = _first_update_gradients(trainer(tiny_model_dir, episodes), "aride")
     torch.manual_seed(0)
     checkpointed = trainer(tiny_model_dir, episodes, gradient_checkpointing=True)
-    assert checkpointed.model.is_gradient_checkpointing
-    for a, b in zip(plain, _first_update_gradients(checkpointed, "aride"), strict=True):
+    # Checkpointing shows as work: every decoder layer starts again in the backward pass (a pre-hook: torch stops
+    # the recomputation early, once the tensors the backward needs exist).
+    calls: list[bool] = []
+    layer = checkpointed.model.get_base_model().get_decoder().layers[0]
+    handle = layer.register_forward_pre_hook(lambda *_: calls.append(torch.is_grad_enabled()))
+    try:
+        got = _first_update_gradients(checkpointed, "aride")
+    finally:
+        handle.remove()
+    forwards_with_grad = calls.count(True)
+    torch.manual_seed(0)
+    again = trainer(tiny_model_dir, episodes)
+    plain_calls: list[bool] = []
+    handle = (
+        again.model.get_base_model()
+        .get_decoder()
+        .layers[0]
+        .register_forward_pre_hook(lambda *_: plain_calls.append(torch.is_grad_enabled()))
+    )
+    try:
+        _first_update_gradients(again, "aride")
+    finally:
+        handle.remove()
+    assert forwards_with_grad > plain_calls.count(True)
+    for a, b in zip(plain, got, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_gradient_checkpointing_with_dropout_is_refused(tiny_model_dir: Path) -> None:
+    model, tokenizer = load_policy(tiny_model_dir, ModelConfig(lora_dropout=0.1))
+    cfg = LearnerConfig(gradient_checkpointing=True)
+    with pytest.raises(LearnerError, match=r"needs a policy without dropout: model\.lora_dropout 0\.1"):
+        Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
 
 
 def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
