@@ -42,8 +42,8 @@ server and run on a fixed set of held-out (test-split) tasks, one episode each (
 with the step latency off: it changes how long an episode takes, never its outcome (the sim's world depends on the
 task alone), and the slowest task would otherwise set the length of every evaluation.
 
-Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3; a method that never reaches 80% counts as
-the whole budget, and ``metrics`` says so); ``metrics`` has, per method, the time to 80% (or None), final and best
+Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3), null with ``ratio_reason`` when the sync arm
+did not run or either method never reached 80%; ``metrics`` has, per method, the time to 80% (or None), final and best
 held-out success, the area under the success curve (``auc``: mean held-out success over the budget, the curve held
 flat before its first and after its last point), the curve itself, the learner's own statistics over time (entropy,
 ρ, critic error, advantage), the untrained and warm-start success, and the run's settings. Time of a version = when
@@ -412,6 +412,21 @@ async def evaluate_curve(
     return curve
 
 
+def sync_speedup(t80: dict[str, float | None]) -> tuple[float | None, str | None]:
+    """``digirl_sync`` time-to-target ÷ ``aride_async`` time-to-target, or None and why: a missing arm or a method
+    that never reached the target has no time to divide (counting it as the whole budget made the ratio an artifact
+    of the budget)."""
+    missing = [m for m in ("digirl_sync", "aride_async") if m not in t80]
+    if missing:
+        return None, f"no {' and no '.join(missing)} arm in this run"
+    never = [m for m in ("digirl_sync", "aride_async") if t80[m] is None]
+    if never:
+        return None, f"{' and '.join(never)} never reached {TARGET_SUCCESS:.0%} within the budget"
+    sync_t, async_t = t80["digirl_sync"], t80["aride_async"]
+    assert sync_t is not None and async_t is not None
+    return sync_t / async_t, None
+
+
 def time_to(curve: list[dict[str, Any]], target: float) -> float | None:
     """Seconds until the first evaluated version at or above ``target`` (None: never within the budget)."""
     return next((p["seconds"] for p in curve if p["success"] >= target), None)
@@ -602,9 +617,7 @@ def main() -> None:
             }
 
     t80 = {m: time_to(c, TARGET_SUCCESS) for m, c in curves.items()}
-    async_t = t80.get("aride_async")
-    sync_t = t80.get("digirl_sync")
-    ratio = (sync_t if sync_t is not None else budget) / (async_t if async_t is not None else budget)
+    ratio, ratio_reason = sync_speedup(t80)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(curves, untrained.success_rate, budget, templates, args.out.with_suffix(".png"))
     result: dict[str, Any] = {
@@ -615,8 +628,8 @@ def main() -> None:
         "metrics": {
             "time_to_80_s": {m: t for m, t in t80.items()},
             "reached_80": {m: t is not None for m, t in t80.items()},
-            "ratio_note": "sync time-to-80% / async time-to-80%; a method that never reached 80% counts as the "
-            "whole budget",
+            "ratio_note": "sync time-to-80% / async time-to-80%, only when both ran and both reached 80%",
+            "ratio_reason": ratio_reason,
             "final_success": {m: c[-1]["success"] if c else None for m, c in curves.items()},
             "best_success": {m: max((p["success"] for p in c), default=None) for m, c in curves.items()},
             "auc": {m: area_under(c, budget) for m, c in curves.items()},

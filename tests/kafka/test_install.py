@@ -144,16 +144,18 @@ def test_find_kafka_home_prefers_the_configured_one_then_the_newest_installed(tm
     _fake_release(cache, "4.0.0")
     newest = _fake_release(cache, "4.10.1")
     _fake_release(cache, "4.9.0")
-    assert find_kafka_home(None, cache) == newest
+    no_record = tmp_path / "no-record"  # not this environment's record, which `make setup` wrote
+    assert find_kafka_home(None, cache, no_record) == newest
     configured = _fake_release(tmp_path / "elsewhere", "3.9.0")
-    assert find_kafka_home(configured, cache) == configured
+    assert find_kafka_home(configured, cache, no_record) == configured
 
 
 def test_find_kafka_home_errors_say_what_to_do(tmp_path: Path) -> None:
+    no_record = tmp_path / "no-record"  # not this environment's record, which `make setup` wrote
     with pytest.raises(BrokerError, match="kafka install"):
-        find_kafka_home(None, tmp_path / "empty")
+        find_kafka_home(None, tmp_path / "empty", no_record)
     with pytest.raises(BrokerError, match=r"KAFKA_HOME: .* is not an Apache Kafka installation"):
-        find_kafka_home(tmp_path, tmp_path / "empty")
+        find_kafka_home(tmp_path, tmp_path / "empty", no_record)
 
 
 def test_find_kafka_home_takes_the_configured_then_the_recorded_then_the_cached_one(tmp_path: Path) -> None:
