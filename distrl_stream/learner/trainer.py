@@ -37,7 +37,7 @@ from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
 from distrl_stream.learner.records import EpisodeRecord, collate
-from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, decoder_states, output_logits
+from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, check_output_head
 from distrl_stream.policy.prompt import Prompter
 
 log = logging.getLogger(__name__)
@@ -221,7 +221,7 @@ class Trainer:
         self.prompter = Prompter(tokenizer)
         # Micro-batched forward passes whose backward is still to be done (policy_terms -> _step).
         self._deferred: list[tuple[Sequence[tuple[EpisodeRecord, int]], Tensor, Tensor]] = []
-        _check_output_head(model)
+        check_output_head(model)
         if cfg.gradient_checkpointing:
             dropout = [
                 f"{name} {value}"
@@ -613,25 +613,6 @@ class Trainer:
         self.updates = int(state["updates"])
         self.rejected = int(state["rejected"])
         torch.set_rng_state(state["torch_rng"])
-
-
-def _check_output_head(model: torch.nn.Module) -> None:
-    """Refuse a policy whose logits are not ``linear(hidden, head.weight)`` (a LoRA on the output head, a logit
-    scale), which :func:`~distrl_stream.policy.logprobs.output_logits` would get wrong: checked against the model's
-    own forward on a few tokens."""
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    if type(base.get_output_embeddings()) is not torch.nn.Linear:
-        raise LearnerError("the policy's output head is not a plain linear layer (LoRA on lm_head is not supported)")
-    ids = torch.arange(1, 9, device=next(model.parameters()).device).unsqueeze(0) % model.config.vocab_size
-    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
-    with torch.no_grad():
-        expected = model(input_ids=ids, use_cache=False).logits[0, :, : model.config.vocab_size].float()
-        got = output_logits(model, decoder_states(model, ids, torch.ones_like(ids), positions)[0])
-    if not torch.allclose(got, expected, atol=1e-3 * max(1.0, float(expected.abs().max())), rtol=0):
-        raise LearnerError(
-            "the policy's logits are not its output head applied to its last hidden states (a logit scale or "
-            f"soft cap the learner does not reproduce: max difference {float((got - expected).abs().max()):.3g})"
-        )
 
 
 def _batch_stats(version: int, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:

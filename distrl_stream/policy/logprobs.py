@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from distrl_stream.errors import ActionConstraintError
+from distrl_stream.errors import ActionConstraintError, LearnerError
 
 _EBNF_ESCAPES = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
 
@@ -146,6 +146,27 @@ def output_logits(model: torch.nn.Module, hidden: Tensor, token_ids: Tensor | No
     return logits if not cap else torch.tanh(logits / cap) * cap
 
 
+def check_output_head(model: torch.nn.Module) -> None:
+    """Refuse a model whose logits are not :func:`output_logits` of its :func:`decoder_states` (a LoRA on the
+    output head, a logit scale): checked against the model's own forward on a few tokens.
+
+    Raises:
+        LearnerError: the head is not a plain linear layer, or the two disagree.
+    """
+    if type(_causal_lm(model).get_output_embeddings()) is not torch.nn.Linear:
+        raise LearnerError("the policy's output head is not a plain linear layer (LoRA on lm_head is not supported)")
+    ids = torch.arange(1, 9, device=next(model.parameters()).device).unsqueeze(0) % model.config.vocab_size
+    positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+    with torch.no_grad():
+        expected = model(input_ids=ids, use_cache=False).logits[0, :, : model.config.vocab_size].float()
+        got = output_logits(model, decoder_states(model, ids, torch.ones_like(ids), positions)[0])
+    if not torch.allclose(got, expected, atol=1e-3 * max(1.0, float(expected.abs().max())), rtol=0):
+        raise LearnerError(
+            "the policy's logits are not its output head applied to its last hidden states (a logit scale or "
+            f"soft cap the learner does not reproduce: max difference {float((got - expected).abs().max()):.3g})"
+        )
+
+
 def action_logprobs(
     model: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
@@ -218,20 +239,20 @@ def action_logprobs(
     ):
         if not rows:
             continue
-        where = mask & torch.isin(torch.arange(batch), torch.tensor(rows)).unsqueeze(-1)
+        where = (mask & torch.isin(torch.arange(batch), torch.tensor(rows)).unsqueeze(-1)).to(device)
         taken = torch.tensor([t for r in rows for t in action_token_ids[r]], dtype=torch.long, device=device)
-        h = hidden[where.to(device)]  # [N, hidden]: the real action positions of these rows, row-major
+        h = hidden[where]  # [N, hidden]: the real action positions of these rows, row-major
         if allowed is None:
             logp = torch.log_softmax(output_logits(model, h) / temperature, dim=-1)
             picked = taken
         else:
-            tokens, allowed_at = allowed  # [K] token ids; [N, K] which of them each position allows
-            logits = output_logits(model, h, tokens.to(device)) / temperature
-            logp = torch.log_softmax(logits.masked_fill(~allowed_at.to(device), float("-inf")), dim=-1)
-            picked = torch.searchsorted(tokens.to(device), taken)  # tokens is sorted and holds every taken id
+            tokens, allowed_at = (t.to(device) for t in allowed)  # [K] token ids; [N, K] which each position allows
+            logits = output_logits(model, h, tokens) / temperature
+            logp = torch.log_softmax(logits.masked_fill(~allowed_at, float("-inf")), dim=-1)
+            picked = torch.searchsorted(tokens, taken)  # tokens is sorted and holds every taken id
         lp, ent = _gather_and_entropy(logp, picked)
-        token_lp = token_lp.masked_scatter(where.to(device), lp)
-        entropy = entropy.masked_scatter(where.to(device), ent)
+        token_lp = token_lp.masked_scatter(where, lp)
+        entropy = entropy.masked_scatter(where, ent)
     return ActionLogProbs(token_logprobs=token_lp, entropy=entropy, mask=mask.to(device))
 
 
