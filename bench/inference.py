@@ -46,9 +46,10 @@ from distrl_stream.config import InferenceConfig, ModelConfig
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.inference.client import ActionResult, InferenceClient
 from distrl_stream.inference.server import InferenceServer, cuda_available
-from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, choice_grammar
+from distrl_stream.policy.logprobs import choice_grammar
 from distrl_stream.policy.model import build_model, count_parameters
 from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.testing.parity import logprob_gaps
 
 RESULTS = Path(__file__).parent / "results" / "inference.json"
 TARGET_RATIO = 5.0
@@ -190,25 +191,11 @@ async def bench_transformers(model_dir: Path, cases: list[Case], warmup: list[Ca
         return phase
 
 
-def logprob_gaps(model_dir: Path, cases: list[Case], results: list[ActionResult]) -> list[float]:
+def server_learner_gaps(model_dir: Path, cases: list[Case], results: list[ActionResult]) -> list[float]:
     """|server log μ(a|s) − learner log π(a|s)| per vLLM sample, same weights (bf16 server vs fp32 here)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    constraint = ChoiceConstraint(tokenizer, model.config.vocab_size)
-    gaps: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(cases), 32):
-            chunk = slice(start, start + 32)
-            out = action_logprobs(
-                model,
-                tokenizer,
-                [p for p, _ in cases[chunk]],
-                [r.token_ids for r in results[chunk]],
-                [c for _, c in cases[chunk]],
-                constraint=constraint,
-            )
-            gaps += (out.logprob - torch.tensor([r.logprob for r in results[chunk]])).abs().tolist()
-    return gaps
+    return logprob_gaps(model, tokenizer, [p for p, _ in cases], results, [c for _, c in cases])
 
 
 async def measure(model_dir: Path, n_vllm: int, n_hf: int, log: Path) -> dict[str, Any]:
@@ -219,7 +206,7 @@ async def measure(model_dir: Path, n_vllm: int, n_hf: int, log: Path) -> dict[st
     print(f"{model_dir.name}: {params:,} params; {n_vllm} vLLM and {n_hf} transformers requests", file=sys.stderr)
     vllm, startup_s, device = await bench_vllm(model_dir, cases, warmup, log)
     hf = await bench_transformers(model_dir, cases[:n_hf], warmup[:4])
-    gaps = logprob_gaps(model_dir, cases, vllm.results)
+    gaps = server_learner_gaps(model_dir, cases, vllm.results)
     return {
         "ratio": vllm.rate() / hf.rate(),
         # Per CPU second: what load from other processes on the shared cores cannot distort.

@@ -18,10 +18,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
-from distrl_stream.inference.client import ActionResult, InferenceClient, root_sha256
-from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
+from distrl_stream.inference.client import InferenceClient, root_sha256
 from distrl_stream.policy.prompt import build_prompt
 from distrl_stream.processes import free_port
+from distrl_stream.testing.parity import logprob_gaps
 from tests.fixtures.http import BackgroundHttpServer, JsonHandler
 from tests.fixtures.vllm import VllmService
 
@@ -47,31 +47,6 @@ def learner(vllm_server: VllmService) -> tuple[PreTrainedModel, PreTrainedTokeni
     return model, AutoTokenizer.from_pretrained(vllm_server.model_dir)
 
 
-def _gaps(
-    learner: tuple[PreTrainedModel, PreTrainedTokenizerBase],
-    prompts: list[str],
-    results: list[ActionResult],
-    candidates: list[list[str]] | None,
-) -> list[float]:
-    model, tokenizer = learner
-    constraint = ChoiceConstraint(tokenizer, model.config.vocab_size) if candidates else None
-    gaps: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(prompts), 50):
-            chunk = slice(start, start + 50)
-            out = action_logprobs(
-                model,
-                tokenizer,
-                prompts[chunk],
-                [r.token_ids for r in results[chunk]],
-                candidates[chunk] if candidates else None,
-                constraint=constraint,
-            )
-            served = torch.tensor([r.logprob for r in results[chunk]])
-            gaps += (out.logprob - served).abs().tolist()
-    return gaps
-
-
 @pytest.mark.vllm
 async def test_200_choice_actions_are_candidates_and_match_learner_log_probs(
     vllm_server: VllmService,
@@ -90,7 +65,7 @@ async def test_200_choice_actions_are_candidates_and_match_learner_log_probs(
     assert all(list(r.prompt_token_ids) == tokenizer(p)["input_ids"] for r, p in zip(results, prompts, strict=True))
     assert all(r.token_ids[-1] == tokenizer.eos_token_id for r in results)
     assert all(abs(r.logprob - sum(r.token_logprobs)) < 1e-9 for r in results)
-    gaps = _gaps(learner, prompts, results, candidates)
+    gaps = logprob_gaps(*learner, prompts, results, candidates)
     record_property("choice_mean_abs_gap_nats", statistics.fmean(gaps))
     print(f"choice mode: mean |gap| {statistics.fmean(gaps):.4f} nats, max {max(gaps):.4f} over {len(gaps)} actions")
     assert statistics.fmean(gaps) < MAX_MEAN_GAP
@@ -108,7 +83,7 @@ async def test_free_mode_log_probs_match_the_learner_on_raw_log_probs(
     async with InferenceClient(cfg, vllm_server.policy_id) as client:
         results = await asyncio.gather(*(client.act(p, mode="free") for p in prompts))
     assert all(r.mode == "free" and 1 <= len(r.token_ids) <= 24 for r in results)
-    gaps = _gaps(learner, prompts, results, None)
+    gaps = logprob_gaps(*learner, prompts, results)
     record_property("free_mean_abs_gap_nats", statistics.fmean(gaps))
     print(f"free mode: mean |gap| {statistics.fmean(gaps):.4f} nats, max {max(gaps):.4f} over {len(gaps)} actions")
     assert statistics.fmean(gaps) < MAX_MEAN_GAP

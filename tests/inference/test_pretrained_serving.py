@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from distrl_stream.artifacts import atomic_dir, dir_size, model_fingerprint, publish, sha256_dir
+from distrl_stream.artifacts import dir_size, model_fingerprint, publish, sha256_dir
 from distrl_stream.collector import run_episode
-from distrl_stream.config import Config, ModelConfig
+from distrl_stream.config import Config
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.errors import InferenceError
 from distrl_stream.events import WeightVersionEvent, utc_now
@@ -24,11 +24,10 @@ from distrl_stream.inference.client import ActionResult, InferenceClient
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.trainer import lora_config
-from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import Prompter
+from distrl_stream.testing.parity import logprob_gaps
 from distrl_stream.testing.scripted import ScriptedPolicy
-from tests.fixtures.vllm import VllmService
+from tests.fixtures.vllm import VllmService, train_sft_adapter
 
 pytestmark = pytest.mark.vllm
 
@@ -71,23 +70,6 @@ async def _act(service: VllmService, states: list[tuple[str, list[str]]]) -> lis
         return await asyncio.gather(*(client.act(p, c, mode="choice") for p, c in states))
 
 
-def _learner_gaps(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, states, results) -> list[float]:  # type: ignore[no-untyped-def]
-    gaps: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(states), 8):
-            chunk = slice(start, start + 8)
-            out = action_logprobs(
-                model,
-                tokenizer,
-                [p for p, _ in states[chunk]],
-                [r.token_ids for r in results[chunk]],
-                [c for _, c in states[chunk]],
-            )
-            served = torch.tensor([r.logprob for r in results[chunk]])
-            gaps += (out.logprob - served).abs().tolist()
-    return gaps
-
-
 def test_smollm2_answers_chat_prompts_with_candidates_and_the_learner_reproduces_its_log_probs(
     smollm2_server: VllmService,
     tokenizer: PreTrainedTokenizerBase,
@@ -102,32 +84,12 @@ def test_smollm2_answers_chat_prompts_with_candidates_and_the_learner_reproduces
     assert all(list(r.prompt_token_ids) == tokenizer(p)["input_ids"] for r, (p, _) in zip(results, states, strict=True))
     assert all(r.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>") for r in results)
     model = AutoModelForCausalLM.from_pretrained(smollm2_server.model_dir, dtype=torch.float32).eval()
-    gaps = _learner_gaps(model, tokenizer, states, results)
+    gaps = logprob_gaps(model, tokenizer, [p for p, _ in states], results, [c for _, c in states], batch_size=8)
     mean, worst = statistics.fmean(gaps), max(gaps)
     record_property("smollm2_choice_mean_abs_gap_nats", mean)
     record_property("smollm2_choice_max_abs_gap_nats", worst)
     print(f"SmolLM2 choice mode: mean |gap| {mean:.4f} nats, max {worst:.4f} over {len(gaps)} actions")
     assert mean < MAX_MEAN_GAP
-
-
-def _sft_adapter(model_dir: Path, tokenizer: PreTrainedTokenizerBase, states, target_of, out: Path) -> Path:  # type: ignore[no-untyped-def]
-    """A LoRA adapter of the learner's shape trained on SmolLM2 for a few steps toward each state's target."""
-    torch.manual_seed(0)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, lora_config(ModelConfig(), base))
-    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    batch = states[:8]
-    actions = [[*tokenizer(target_of(c))["input_ids"], stop] for _, c in batch]
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=5e-3)
-    for _ in range(8):
-        out_lp = action_logprobs(model, tokenizer, [p for p, _ in batch], actions, [c for _, c in batch])
-        loss = -out_lp.logprob.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-    return out
 
 
 @pytest.fixture
@@ -151,7 +113,14 @@ def test_a_lora_version_trained_on_smollm2_is_hot_loaded_from_kafka_and_served(
     def target_of(candidates: list[str]) -> str:
         return candidates[-1]  # the last candidate of every screen: never what a zero-shot policy prefers
 
-    adapter = _sft_adapter(smollm2_server.model_dir, tokenizer, states, target_of, tmp_path / "sft")
+    # 8 steps toward each of 8 screens' target.
+    stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    trained = states[:8]
+    actions = [[*tokenizer(target_of(c))["input_ids"], stop] for _, c in trained]
+    prompts, candidates = [p for p, _ in trained], [c for _, c in trained]
+    adapter = train_sft_adapter(
+        smollm2_server.model_dir, tmp_path / "sft", prompts, actions, candidates, steps=8, lr=5e-3
+    )
     cfg = weights_config
     watcher = WeightWatcher(cfg, smollm2_server.url, model_dir=smollm2_server.model_dir)
     watcher.start()
@@ -171,7 +140,6 @@ def test_a_lora_version_trained_on_smollm2_is_hot_loaded_from_kafka_and_served(
             )
             producer.produce_event(TopicNames(cfg.run).weights, event)
         assert asyncio.run(_until_version(smollm2_server, 1, timeout_s=120.0)), "version 1 was never served"
-        trained = states[:8]
         results = asyncio.run(_act(smollm2_server, trained))
     finally:
         watcher.stop()
@@ -182,7 +150,7 @@ def test_a_lora_version_trained_on_smollm2_is_hot_loaded_from_kafka_and_served(
     # The learner holding the same adapter recomputes what version 1 served.
     base = AutoModelForCausalLM.from_pretrained(smollm2_server.model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, adapter).eval()
-    gaps = _learner_gaps(model, tokenizer, trained, results)
+    gaps = logprob_gaps(model, tokenizer, prompts, results, candidates, batch_size=8)
     print(f"SmolLM2 + LoRA v1: mean |gap| {statistics.fmean(gaps):.4f} nats")
     assert statistics.fmean(gaps) < MAX_MEAN_GAP
 

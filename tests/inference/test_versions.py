@@ -14,22 +14,21 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from peft import PeftModel, get_peft_model
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from distrl_stream.artifacts import atomic_dir, dir_size, model_fingerprint, publish, sha256_dir
+from distrl_stream.artifacts import dir_size, model_fingerprint, publish, sha256_dir
 from distrl_stream.artifacts.transport import iter_chunks, publish_chunks
-from distrl_stream.config import Config, ModelConfig
+from distrl_stream.config import Config
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, utc_now
 from distrl_stream.inference.client import ActionResult, InferenceClient
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.trainer import lora_config
 from distrl_stream.policy.logprobs import action_logprobs
 from distrl_stream.policy.prompt import build_prompt
-from tests.fixtures.vllm import VllmService
+from tests.fixtures.vllm import VllmService, train_sft_adapter
 from tests.monitor.scrape import scrape, value
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm]
@@ -40,28 +39,13 @@ PROMPTS = [build_prompt(f"Open item {i}", "\n".join(f"[{j}] item {j}" for j in r
 SAMPLES = 100
 
 
-def _sft_adapter(model_dir: Path, out: Path, steps: int = 15) -> Path:
-    """A LoRA adapter trained for a few steps toward TARGET, written atomically (as the learner writes them)."""
-    torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    model = get_peft_model(base, lora_config(ModelConfig(), base))
-    target_ids = [*tokenizer(TARGET)["input_ids"], tokenizer.eos_token_id]
-    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    for _ in range(steps):
-        out_lp = action_logprobs(model, tokenizer, PROMPTS, [target_ids] * len(PROMPTS), [CANDIDATES] * len(PROMPTS))
-        loss = -out_lp.logprob.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    with atomic_dir(out) as tmp:
-        model.save_pretrained(tmp)
-    return out
-
-
 @pytest.fixture(scope="module")
 def sft_adapter(vllm_server: VllmService, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _sft_adapter(vllm_server.model_dir, tmp_path_factory.mktemp("adapters") / "sft")
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    target_ids = [*tokenizer(TARGET)["input_ids"], tokenizer.eos_token_id]
+    out = tmp_path_factory.mktemp("adapters") / "sft"
+    n = len(PROMPTS)
+    return train_sft_adapter(vllm_server.model_dir, out, PROMPTS, [target_ids] * n, [CANDIDATES] * n, steps=15, lr=1e-2)
 
 
 @pytest.fixture(scope="module")
