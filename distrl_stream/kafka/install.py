@@ -205,11 +205,8 @@ def parse_sha512(text: str) -> str:
 
 def sha512_file(path: Path) -> str:
     """Hex SHA-512 of a file's bytes."""
-    digest = hashlib.sha512()
     with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha512").hexdigest()
 
 
 def verify_sha512(path: Path, checksum_text: str) -> None:

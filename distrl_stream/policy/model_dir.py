@@ -21,7 +21,7 @@ def resolve_model_dir(cfg: Config) -> Path:
         from distrl_stream.policy.pretrained import PRETRAINED, pull
 
         if not base.exists() and str(base) in PRETRAINED:
-            return pull(str(base), cfg.data_dir / "models" / str(base))
+            return pull(str(base), pulled_model_dir(cfg, str(base)))
         return base
     target = cfg.data_dir / "models" / cfg.model.size
     if not (target / "config.json").is_file():
@@ -29,6 +29,11 @@ def resolve_model_dir(cfg: Config) -> Path:
 
         build_model(target, cfg.model.size, seed=cfg.model.seed)
     return target
+
+
+def pulled_model_dir(cfg: Config, name: str) -> Path:
+    """Where a pretrained model pulled by name lives: data_dir/models/<name>."""
+    return cfg.data_dir / "models" / name
 
 
 def load_prompter(cfg: Config) -> Prompter:

@@ -146,12 +146,9 @@ def _pull_locked(name: str, spec: PretrainedModel, model_dir: Path, *, install: 
 
 
 def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
+    """Hex sha256 of a file's bytes."""
     with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _package_file(spec: PretrainedModel, *, install: bool) -> Path:
