@@ -64,9 +64,12 @@ def launch_group(nproc_per_node: int, nnodes: str, rdzv_endpoint: str, max_resta
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun
 
-    from distrl_stream.learner.group import AGENT_ENV, launch_command
+    from distrl_stream.learner.group import AGENT_ENV, AGENT_PID_ENV, launch_command
 
-    os.environ.update(AGENT_ENV)
+    # The members arm Linux's parent-death signal against this pid (die_with_agent). Linux sends it when the *thread*
+    # that started a member ends: torch's agent starts members (SubprocessHandler's Popen, restarts included)
+    # synchronously in the thread that runs torchrun(), this process's main thread, which lives as long as the agent.
+    os.environ.update({**AGENT_ENV, AGENT_PID_ENV: str(os.getpid())})
     args = launch_command(
         nproc_per_node, member_args(sys.argv), rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, nnodes=nnodes
     )
@@ -161,6 +164,10 @@ def learn(
     if (nproc_per_node > 1 or nnodes != "1") and "RANK" not in os.environ:
         launch_group(nproc_per_node, nnodes, rdzv_endpoint or _free_endpoint(), max_restarts)
         return
+    from distrl_stream.learner.group import die_with_agent  # keeps `--help` free of torch
+
+    # First, before the member takes its lock or a partition: a member whose agent is gone must not start.
+    run_command(die_with_agent)
     overrides: dict[str, Any] = {
         "run": run,
         "data_dir": data_dir,

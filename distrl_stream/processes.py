@@ -65,10 +65,11 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def die_with_parent() -> None:
-    """For ``preexec_fn``: ask Linux to SIGTERM the child when its parent dies, so no JVM or server is orphaned."""
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> None:
+    """For ``preexec_fn`` (or a child's first step): ask Linux to send ``sig`` to this process when its parent dies,
+    so no JVM, server or learner member is orphaned."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
 
 
 def signal_group(pgid: int | None, sig: signal.Signals) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -33,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from distrl_stream.errors import LearnerError
+from distrl_stream.processes import die_with_parent
 
 T = TypeVar("T")
 
@@ -43,6 +45,10 @@ RDZV_CONF = {"read_timeout": "300"}
 # By default the agents keep one TCP store for every rendezvous round, and members' process groups then read keys a
 # previous generation left there (a restarted group hangs or dials dead members); a fresh store per round avoids it.
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+# `learn`'s agent puts its pid in its members' environment (:func:`die_with_agent`). Not a DISTRL_ name: those are
+# configuration.
+AGENT_PID_ENV = "LEARNER_AGENT_PID"
 
 # A stuck member must not hang the others forever: after this the collective fails and the agent restarts the group.
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -226,6 +232,28 @@ class MemberLock:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+def die_with_agent() -> None:
+    """Tie this member's life to the agent that started it (:data:`AGENT_PID_ENV`; nothing to do without it: a group
+    of one, or a member of a plain torchrun): once the agent is gone, a member would go on training and publishing
+    versions with nobody to stop it, holding its lock against the restarted group.
+
+    SIGKILL, not SIGTERM: without the agent the group cannot coordinate a final checkpoint, and nothing needs one (the
+    restart resumes from the last checkpoint and re-reads Kafka from its offsets, as after any kill -9), while a member
+    still stopping would hold its lock and refuse the restarted agent's member.
+
+    Raises:
+        LearnerError: the agent died before the signal was armed (this member's parent is already another process).
+    """
+    agent = os.environ.get(AGENT_PID_ENV)
+    if agent is None:
+        return
+    die_with_parent(signal.SIGKILL)
+    # Checked after arming: an agent that dies later sends the signal, one that died before can only be seen here.
+    if os.getppid() != int(agent):
+        member = Membership.from_env().member_id
+        raise LearnerError(f"learner member {member}: the agent that started it (pid {agent}) is gone; not starting")
 
 
 def launch_command(

@@ -31,7 +31,7 @@ from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.checkpoint import CheckpointStore, IngestLog, checkpoints_dir, member_logs, read_json
-from distrl_stream.learner.group import AGENT_ENV, MemberLock, Membership, launch_command
+from distrl_stream.learner.group import AGENT_ENV, AGENT_PID_ENV, MemberLock, Membership, launch_command
 from distrl_stream.learner.group import Group as ProcessGroup
 from tests.fixtures.processes import CLI, ChildProcesses
 from tests.learner.simdata import sim_events
@@ -103,6 +103,15 @@ def member_pid(cfg: Config, member: str) -> int:
     return int((cfg.run_dir / "learner" / member / ".lock").read_text())
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by the process it was handed to, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def audit(cfg: Config) -> dict:
     """The members' ingest logs against the topic, up to the last checkpoint's offsets: nothing lost, nothing twice."""
     state = latest_state(cfg)
@@ -132,8 +141,6 @@ def learner_metrics(cfg: Config) -> list[MetricEvent]:
     return [e for e in events if e.role == "learner"]
 
 
-@pytest.mark.kafka
-@pytest.mark.timeout(900)
 def _average(rank: int, init: str) -> None:
     """One of two gloo members: both, one, then no member contributes; checked on both."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2")
@@ -183,6 +190,17 @@ def test_a_members_folder_is_locked_for_one_process(tmp_path: Path) -> None:
     MemberLock(tmp_path / "0", "learner member 0 of run 'r'").acquire()  # free again once released
 
 
+def test_a_member_whose_agent_is_gone_does_not_start(tmp_path: Path) -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    env = {**os.environ, "DISTRL_DATA_DIR": str(tmp_path), "RANK": "1", "WORLD_SIZE": "2", AGENT_PID_ENV: str(gone.pid)}
+    member = subprocess.run([CLI, "learn", "--run", "r"], env=env, capture_output=True, text=True, timeout=300)
+    assert member.returncode == 1
+    lines = member.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"learner member 1: the agent that started it (pid {gone.pid}) is gone" in lines[0]
+    assert not list(tmp_path.rglob(".lock"))  # refused before it took its member's lock
+
+
 def test_the_launcher_runs_the_members_with_their_own_options_only() -> None:
     argv = ["distrl-stream", "learn", "--run", "r", "--nproc-per-node", "2", "--max-restarts=5", "--threads", "1"]
     args = member_args(argv)
@@ -194,6 +212,8 @@ def test_the_launcher_runs_the_members_with_their_own_options_only() -> None:
     assert command[-6:] == ["--", "learn", "--run", "r", "--threads", "1"]
 
 
+@pytest.mark.kafka
+@pytest.mark.timeout(900)
 def test_two_members_train_one_policy_with_one_writer(group_run: Config, processes: ChildProcesses) -> None:
     cfg = group_run
     agent = processes.start(
@@ -237,6 +257,40 @@ def test_kill_9_of_a_member_restarts_the_group_with_nothing_lost_or_repeated(
     before = latest_state(cfg)["updates"]  # type: ignore[index]
     processes.wait_for("updates after the restart", updates_at_least(cfg, before + 4))
     print(f"kill -9 -> group updating again: {time.monotonic() - killed_at:.1f}s")
+    assert processes.stop(agent) == 0, processes.text()[-6000:]
+
+    audit(cfg)
+    versions = published_versions(cfg)
+    assert versions == sorted(set(versions)), f"versions repeated or out of order: {versions}"
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(900)
+def test_kill_9_of_the_agent_takes_its_members_down_and_a_restart_resumes_with_nothing_lost_or_repeated(
+    group_run: Config, processes: ChildProcesses
+) -> None:
+    cfg = group_run
+    produce(cfg, 12, seed=8)
+    args = [CLI, "learn", *_learn_args(cfg), "--nproc-per-node", "2"]
+    agent = processes.start(args, _env(cfg), new_session=True)
+    processes.wait_for("a checkpoint at update 4", updates_at_least(cfg, 4))
+    members = {member_pid(cfg, "0"), member_pid(cfg, "1")}
+    processes.kill(agent)  # SIGKILL of the agent alone: its members run in sessions of their own
+    killed_at = time.monotonic()
+    deadline = killed_at + 30
+    while any(alive(pid) for pid in members) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    orphans = {pid for pid in members if alive(pid)}
+    for pid in orphans:  # not left training after the test
+        os.kill(pid, signal.SIGKILL)
+    assert not orphans, f"members {sorted(orphans)} outlived their agent by 30 s"
+    print(f"kill -9 of the agent -> members gone: {time.monotonic() - killed_at:.1f}s")
+
+    agent = processes.start(args, _env(cfg), new_session=True)
+    processes.wait_for("the restarted group", lambda: processes.text().count("resumed from ckpt-") >= 2, 600)
+    produce(cfg, 8, seed=9)
+    before = latest_state(cfg)["updates"]  # type: ignore[index]
+    processes.wait_for("updates after the restart", updates_at_least(cfg, before + 4))
     assert processes.stop(agent) == 0, processes.text()[-6000:]
 
     audit(cfg)
