@@ -138,8 +138,8 @@ class ArtifactIntegrityError(ArtifactError):
 
 
 class AdapterVerificationError(InferenceError):
-    """A weight version's adapter is not served: ``reason`` is ``chunk``, ``hash``, ``missing`` or ``base_model``
-    (its base model's fingerprint differs from the server's)."""
+    """A weight version's adapter is not served: ``reason`` is ``chunk``, ``hash``, ``missing``, ``malformed`` (its URI
+    cannot be fetched from) or ``base_model`` (its base model's fingerprint differs from the server's)."""
 
     def __init__(self, message: str, reason: str) -> None:
         super().__init__(message)

@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from distrl_stream.inference.server import wait_ready
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.monitor.prometheus import UpMetrics
+from distrl_stream.monitor.prometheus import RoleMetrics
 from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import ChildProcess, free_port, log_report, port_free
 
@@ -118,6 +118,28 @@ def up_profile(cfg: Config, *, pretrained: bool = False) -> dict[str, dict[str, 
 
 # Reports progress of a slow start: (stage, state) with state "start" | "done".
 StageCallback = Callable[[str, str], None]
+
+
+class UpMetrics(RoleMetrics):
+    """``up``'s own metrics: its child processes.
+
+    Args:
+        run: the run.
+        processes: child name -> whether it is running.
+        uptime_s: seconds since everything was up (None while starting).
+    """
+
+    def __init__(
+        self, run: str, *, processes: Callable[[], Mapping[str, bool]], uptime_s: Callable[[], float | None]
+    ) -> None:
+        super().__init__(run, "up", "up")
+        self.gauge(
+            "distrl_up_process_running",
+            "1 while the child process runs, 0 once it exited.",
+            lambda: {name: float(running) for name, running in processes().items()},
+            "process",
+        )
+        self.gauge("distrl_up_uptime_seconds", "Seconds since every role was started.", uptime_s)
 
 
 @dataclass(frozen=True)

@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.registry",
     "tests.fixtures.secured_kafka",
     "tests.fixtures.processes",
+    "tests.monitor.scrape",  # the `served` fixture of the roles' metrics tests
 ]

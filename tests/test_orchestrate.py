@@ -17,8 +17,10 @@ from rich.console import Console
 
 from distrl_stream.cli.up_ui import process_table
 from distrl_stream.config import load_config
-from distrl_stream.orchestrate import LocalStack, UpOptions, up_profile
+from distrl_stream.monitor.prometheus import RoleMetrics
+from distrl_stream.orchestrate import LocalStack, UpMetrics, UpOptions, up_profile
 from distrl_stream.processes import ChildProcess, descendants
+from tests.monitor.scrape import scrape, serve, value
 
 # A child that starts a grandchild in a session of its own (as `serve` does with vLLM), prints its pid, and waits.
 FAMILY = textwrap.dedent(
@@ -155,3 +157,14 @@ def test_up_profile_fills_only_the_fields_left_at_their_defaults(tmp_path: Path)
     assert "updates_per_version" not in profile["learner"] and profile["learner"]["threads"] == 1
     assert "env" not in profile  # the user's templates stay
     assert profile["collector"] == {"envs": 4, "samples_per_insert": 2.0}
+
+
+def test_two_roles_in_one_process_keep_their_own_registries(served: list[RoleMetrics]) -> None:
+    a = UpMetrics("r1", processes=lambda: {"learner": True, "collector-0": False}, uptime_s=lambda: None)
+    b = UpMetrics("r2", processes=lambda: {}, uptime_s=lambda: 5.0)
+    first, second = scrape(serve(a, served)), scrape(serve(b, served))
+    assert value(first, "distrl_up_process_running", process="learner", run="r1") == 1
+    assert value(first, "distrl_up_process_running", process="collector-0") == 0
+    assert value(first, "distrl_up_uptime_seconds") is None
+    assert value(second, "distrl_up_uptime_seconds", run="r2") == 5.0
+    assert value(second, "distrl_up_process_running") is None

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
+from distrl_stream.collector.metrics import CollectorMetrics
 from distrl_stream.collector.published import PublishedVersions
 from distrl_stream.collector.ratelimit import InsertLimiter
 from distrl_stream.collector.stats import CollectorStats
@@ -44,7 +45,6 @@ from distrl_stream.inference.client import InferenceClient
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.monitor.prometheus import CollectorMetrics
 from distrl_stream.policy.model_dir import load_prompter
 
 log = logging.getLogger(__name__)
@@ -206,7 +206,7 @@ class Collector:
         self._client = InferenceClient(inference, self.cfg.model.policy_id)
         limited = settings.samples_per_insert is not None and settings.mode == "async"
         if settings.pause_above_policy_lag is not None or limited:
-            self._published = PublishedVersions(self.cfg, self._producer, f"collector-{self.collector_id}-weights")
+            self._published = PublishedVersions(self.cfg, f"collector-{self.collector_id}-weights")
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
         if limited:
             self._limiter = InsertLimiter(self.cfg, f"collector-{self.collector_id}-inserts")

@@ -9,7 +9,6 @@ from distrl_stream.config import Config
 from distrl_stream.events import WeightVersionEvent
 from distrl_stream.kafka.dlq import DeadLetterQueue
 from distrl_stream.kafka.follower import TopicFollower
-from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
 
 log = logging.getLogger(__name__)
@@ -19,23 +18,21 @@ class PublishedVersions:
     """Reads ``{run}.weights`` from the start, without a group (every collector must see every version), and keeps
     the newest version of one policy. :meth:`poll` never blocks, so it runs on the collector's event loop.
 
+    Records that do not decode go to ``{run}.dlq`` (once, whichever collector or server reads them first).
+
     Args:
         cfg: run, Kafka and policy id.
-        dead_letters: producer for records that do not decode (they go to ``{run}.dlq``).
         client_id: names the consumer in broker logs.
     """
 
-    def __init__(self, cfg: Config, dead_letters: Producer, client_id: str) -> None:
+    def __init__(self, cfg: Config, client_id: str) -> None:
         self.topic = TopicNames(cfg.run).weights
         self.policy_id = cfg.model.policy_id
         self.latest = 0
         self.learner_step = 0  # the learner's update count when it published the newest version
+        self._dead_letters = DeadLetterQueue(cfg.kafka, TopicNames(cfg.run).dlq, client_id)
         self._follower = TopicFollower(
-            cfg.kafka,
-            self.topic,
-            WeightVersionEvent,
-            client_id=client_id,
-            dead_letters=DeadLetterQueue(dead_letters, TopicNames(cfg.run).dlq, client_id),
+            cfg.kafka, self.topic, WeightVersionEvent, client_id=client_id, dead_letters=self._dead_letters
         )
 
     def start(self, timeout_s: float = 30.0) -> None:
@@ -56,5 +53,6 @@ class PublishedVersions:
         return self.latest
 
     def close(self) -> None:
-        """Release the consumer."""
+        """Release the consumer and the dead-letter producers."""
         self._follower.close()
+        self._dead_letters.close()

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
@@ -19,7 +19,9 @@ from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import EventDecodeError, KafkaClientError
 from distrl_stream.events import Event, Serde, default_serde, epoch_ms
 from distrl_stream.kafka.client import build_client, client_config, login_watch
-from distrl_stream.kafka.dlq import DeadLetterQueue
+
+if TYPE_CHECKING:  # the DLQ reads its own topic with read_topic, defined here
+    from distrl_stream.kafka.dlq import DeadLetterQueue
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +99,13 @@ class Consumer:
         *,
         on_assign: RebalanceCallback | None = None,
         on_revoke: RebalanceCallback | None = None,
+        on_lost: RebalanceCallback | None = None,
     ) -> None:
-        """Join the group on ``topics``; the callbacks run inside :meth:`poll` on rebalances."""
+        """Join the group on ``topics``; the callbacks run inside :meth:`poll` on rebalances.
+
+        ``on_lost`` gets partitions taken away without a hand-over (the member's session timed out, e.g. cut off from
+        the cluster): nothing can be committed for them any more. Without it they go to ``on_revoke``.
+        """
         if self.group_id is None:
             raise KafkaClientError("subscribe() needs a group_id; use assign() for a consumer without a group")
         kwargs: dict[str, Any] = {}
@@ -112,6 +119,8 @@ class Consumer:
                 on_revoke(self, partitions)
 
         kwargs["on_revoke"] = revoke
+        if on_lost is not None:
+            kwargs["on_lost"] = lambda _client, partitions: on_lost(self, partitions)
         self.client.subscribe(list(topics), **kwargs)
 
     def assign(self, partitions: Sequence[TopicPartition]) -> None:

@@ -3,38 +3,75 @@
 A dead letter's ``error_message`` is its reason, a line that starts with its category (:func:`reason`), so that
 counting a DLQ by reason is counting prefixes: ``not Avro``, ``wrong magic byte``, ``unknown schema id``,
 ``truncated``, ``wrong event type``, ``impossible value``.
+
+Each bad record lands in the DLQ once, keyed by where it was (``topic/partition/offset``), however often it is read:
+a learner re-reads the records past its checkpoint after every restart, and every policy server and collector reads
+the same ``{run}.weights``. The dead letters of one source partition are written by one transactional producer whose
+``transactional.id`` names that partition; Kafka lets one producer per id write (a producer that takes the id over
+fences the previous holder and aborts its open transaction), so the holder reads the letters of its partition already
+on the DLQ when it takes the id, skips those, and commits the others (docs/design.md §3).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Iterator
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException, Message
 
-from distrl_stream.errors import EventDecodeError, TrajectoryError
-from distrl_stream.events import DeadLetter, from_epoch_ms, utc_now
+from distrl_stream.config import KafkaConfig
+from distrl_stream.errors import DeliveryError, EventDecodeError, KafkaClientError, TrajectoryError
+from distrl_stream.events import DeadLetter, event_key, from_epoch_ms, utc_now
+from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 
 log = logging.getLogger(__name__)
 
+# A flush that meets another holder of the id (or a broker blip) takes the id over and tries again this often.
+_COMMIT_ATTEMPTS = 5
+# Seconds. A reader of the DLQ waits at an open transaction; a killed writer's is aborted after this long.
+_TRANSACTION_TIMEOUT_MS = 10_000
+
 
 class DeadLetterQueue:
-    """Publishes :class:`~distrl_stream.events.DeadLetter` events for records a consumer had to skip.
+    """Publishes :class:`~distrl_stream.events.DeadLetter` events for records a consumer had to skip, each once.
+
+    A letter is committed as it is sent, or, inside :meth:`batch`, with the batch's others at its end (a learner
+    dead-letters thousands of records of a poisoned topic in a few transactions, not one each)::
+
+        with dead_letters.batch():
+            for msg in records:
+                handle(msg)  # may call dead_letters.send(msg, error)
 
     Args:
-        producer: the producer to write with (its flush makes dead letters durable).
+        kafka: the cluster.
         topic: the run's DLQ topic (``TopicNames(run).dlq``).
         consumer_name: who is dead-lettering (role and instance, or group id); recorded in every dead letter.
+        timeout_s: how long a take-over, a read of the DLQ or a commit may take.
     """
 
-    def __init__(self, producer: Producer, topic: str, consumer_name: str) -> None:
-        self.producer = producer
+    def __init__(self, kafka: KafkaConfig, topic: str, consumer_name: str, *, timeout_s: float = 30.0) -> None:
+        self.kafka = kafka
         self.topic = topic
         self.consumer_name = consumer_name
-        self.count = 0
+        self.timeout_s = timeout_s
+        self.count = 0  # dead letters this queue wrote
+        self.duplicates = 0  # records skipped because their dead letter was already on the DLQ
+        self._writers: dict[tuple[str, int], _PartitionWriter] = {}
+        self._batch_depth = 0
+        self._lock = threading.RLock()  # a learner sends from its reader thread and flushes from its trainer's
 
-    def send(self, msg: Message, error: BaseException) -> DeadLetter:
-        """Queue a dead letter for ``msg`` (raw key and value kept byte for byte); returns what was sent."""
+    def send(self, msg: Message, error: BaseException) -> DeadLetter | None:
+        """Dead-letter ``msg`` (raw key and value kept byte for byte) unless the DLQ already holds it.
+
+        Returns:
+            The dead letter written, or None when the record was already dead-lettered.
+
+        Raises:
+            KafkaClientError: the letter could not be committed within ``timeout_s``.
+        """
         ts_type, ts_ms = msg.timestamp()
         letter = DeadLetter(
             topic=msg.topic() or "",
@@ -48,8 +85,19 @@ class DeadLetterQueue:
             consumer=self.consumer_name,
             original_timestamp=None if ts_type == TIMESTAMP_NOT_AVAILABLE else from_epoch_ms(ts_ms),
         )
-        self.producer.produce_event(self.topic, letter)
-        self.count += 1
+        with self._lock:
+            writer = self._writers.get((letter.topic, letter.partition))
+            if writer is None:
+                writer = self._writers[(letter.topic, letter.partition)] = _PartitionWriter(self, letter)
+            if not writer.add(letter):
+                self.duplicates += 1
+                log.info("%s[%d]@%d is already on %s", letter.topic, letter.partition, letter.offset, self.topic)
+                return None
+            self.count += 1
+            if self._batch_depth == 0:
+                self._commit_now(writer)
+                if event_key(letter) in writer.dropped:
+                    return None
         log.warning(
             "dead-lettered %s[%d]@%d to %s: %s",
             letter.topic,
@@ -60,9 +108,201 @@ class DeadLetterQueue:
         )
         return letter
 
-    def flush(self, timeout_s: float = 30.0) -> None:
-        """Wait until every dead letter sent so far is acknowledged (raises ``KafkaClientError`` if not)."""
-        self.producer.flush(timeout_s)
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Commit the letters sent inside the block together, at its end (also when it raises)."""
+        with self._lock:
+            self._batch_depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._batch_depth -= 1
+                if self._batch_depth == 0:
+                    for writer in self._writers.values():
+                        self._commit_now(writer)
+
+    def flush(self) -> None:
+        """Commit every letter sent so far (before a consumer commits or checkpoints past their records).
+
+        Raises:
+            DeliveryError: some could not be committed; they are given up (``failed``), since the caller moves past
+                their records, and their open transaction is aborted.
+        """
+        lost, errors = 0, []
+        with self._lock:
+            for writer in self._writers.values():
+                try:
+                    writer.commit(_COMMIT_ATTEMPTS)
+                except KafkaClientError as exc:
+                    lost += writer.give_up()
+                    errors.append(str(exc))
+        if lost:
+            raise DeliveryError(f"{lost} dead letters lost: {'; '.join(errors)}", failed=lost, pending=0)
+
+    @property
+    def pending(self) -> int:
+        """Dead letters sent but not committed yet."""
+        with self._lock:
+            return sum(len(writer.pending) for writer in self._writers.values())
+
+    def close(self) -> None:
+        """Commit what is pending and release the producers; logs (rather than raises) letters that were lost."""
+        with self._lock:
+            for writer in self._writers.values():
+                try:
+                    writer.commit(_COMMIT_ATTEMPTS)
+                except KafkaClientError as exc:
+                    log.error("%s: %d dead letters lost: %s", self.topic, len(writer.pending), exc)
+                writer.close()
+            self._writers.clear()
+
+    def _commit_now(self, writer: _PartitionWriter) -> None:
+        # Two tries: a commit that finds another reader holding the id takes it back once. A role reading records
+        # must ride out a broker outage: what still fails is committed by a later send or flush.
+        try:
+            writer.commit(2)
+        except KafkaClientError as exc:
+            log.warning("%d dead letters of %s not committed yet: %s", len(writer.pending), writer.source, exc)
+
+
+class _PartitionWriter:
+    """The transactional producer of the dead letters of one source partition, and the keys already on the DLQ."""
+
+    def __init__(self, queue: DeadLetterQueue, first: DeadLetter) -> None:
+        self.queue = queue
+        self.source = f"{first.topic}/{first.partition}/"
+        self.transactional_id = f"{queue.topic}.{first.topic}.{first.partition}"
+        self.pending: list[DeadLetter] = []  # sent in the open transaction, not committed yet
+        self.dropped: set[bytes] = set()  # keys of letters sent here that a take-over found on the DLQ already
+        self.known: set[bytes] = set()
+        self.producer: Producer | None = None
+        self.in_transaction = False
+        self.failure: BaseException | None = None  # the producer was fenced or failed: take the id over again
+        try:
+            self._take_over()
+        except KafkaClientError as exc:
+            self.failure = exc
+
+    def add(self, letter: DeadLetter) -> bool:
+        """Queue ``letter`` in the open transaction; False if the DLQ already holds its record."""
+        key = event_key(letter)
+        if key in self.known:
+            return False
+        self.known.add(key)
+        self.pending.append(letter)
+        if self.failure is None:
+            try:
+                self._produce([letter])
+            except (KafkaException, KafkaClientError) as exc:
+                self.failure = exc  # the commit takes the id over and sends what the DLQ lacks
+        return True
+
+    def commit(self, attempts: int) -> None:
+        """Commit the open transaction; when another holder fenced this one (or it failed), take the id back and
+        resend what the DLQ lacks.
+
+        Raises:
+            KafkaClientError: still not committed after ``attempts`` tries; the letters stay pending.
+        """
+        for _ in range(attempts):
+            try:
+                if self.failure is not None:
+                    log.info(
+                        "dead letters of %s: %s; taking %s over",
+                        self.source,
+                        _describe(self.failure),
+                        self.transactional_id,
+                    )
+                    self._take_over()
+                    there = [letter for letter in self.pending if event_key(letter) in self.known]
+                    # Another reader committed these meanwhile: they were duplicates, not letters of this queue.
+                    self.queue.count -= len(there)
+                    self.queue.duplicates += len(there)
+                    self.dropped.update(event_key(letter) for letter in there)
+                    self.pending = [letter for letter in self.pending if event_key(letter) not in self.known]
+                    self.known.update(event_key(letter) for letter in self.pending)
+                    self._produce(self.pending)
+                if not self.pending:
+                    return
+                assert self.producer is not None
+                self.producer.client.commit_transaction(self.queue.timeout_s)
+                self.pending.clear()
+                self.in_transaction = False
+                return
+            except (KafkaException, KafkaClientError) as exc:
+                self.failure = exc
+        raise KafkaClientError(
+            f"cannot commit {len(self.pending)} dead letters of {self.source} to {self.queue.topic}: "
+            f"{_describe(self.failure)}"
+        )
+
+    def give_up(self) -> int:
+        """Drop the pending letters (the next send takes the id over, which aborts their transaction); how many."""
+        lost = len(self.pending)
+        self.queue.count -= lost
+        self.known.difference_update(event_key(letter) for letter in self.pending)
+        self.pending = []
+        self.failure = self.failure or KafkaClientError("pending dead letters given up")
+        return lost
+
+    def close(self) -> None:
+        if self.producer is not None:
+            # A fenced producer fails its flush; what it held is in `pending`, for the next holder to send.
+            with contextlib.suppress(KafkaException, KafkaClientError):
+                self.producer.close(self.queue.timeout_s)
+            self.producer = None
+        self.in_transaction = False
+
+    def _take_over(self) -> None:
+        """Take the transactional id (fencing any other holder) and read which records the DLQ already holds."""
+        self.close()
+        queue = self.queue
+        self.producer = Producer(
+            queue.kafka,
+            client_id=f"{queue.consumer_name}-dlq",
+            overrides=_transactional(queue.kafka, self.transactional_id),
+        )
+        try:
+            self.producer.client.init_transactions(queue.timeout_s)
+        except KafkaException as exc:
+            raise KafkaClientError(f"cannot take {self.transactional_id} over: {_describe(exc)}") from None
+        # After init_transactions every earlier holder's transaction is committed or aborted: the read is complete.
+        prefix = self.source.encode()
+        self.known = {
+            key
+            for m in read_topic(queue.kafka, queue.topic, timeout_s=queue.timeout_s)
+            if (key := m.key()) is not None and key.startswith(prefix)
+        }
+        self.failure = None
+
+    def _produce(self, letters: list[DeadLetter]) -> None:
+        if not letters:
+            return
+        assert self.producer is not None
+        if not self.in_transaction:
+            self.producer.client.begin_transaction()
+            self.in_transaction = True
+        for letter in letters:
+            self.producer.produce_event(self.queue.topic, letter)
+
+
+def _transactional(kafka: KafkaConfig, transactional_id: str) -> dict[str, str | int]:
+    """A DLQ writer's producer settings: its id, and a short transaction timeout, because a reader of the DLQ (a
+    take-over, the monitor) waits at an open transaction, and the coordinator aborts a killed writer's open one only
+    after this long."""
+    message_timeout_ms = int(kafka.client_properties().get("message.timeout.ms", 0))
+    return {
+        "transactional.id": transactional_id,
+        # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
+        "transaction.timeout.ms": max(_TRANSACTION_TIMEOUT_MS, message_timeout_ms),
+    }
+
+
+def _describe(exc: BaseException | None) -> str:
+    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
+        return exc.args[0].str()
+    return str(exc)
 
 
 def reason(error: BaseException, value: bytes | None) -> str:

@@ -9,10 +9,12 @@ of one. It holds:
 - ``trainer.pt``: critics, optimisers, update counter, torch random state;
 - ``state.json``: gathered from every member: per partition the consumed offset (``offsets``) and the replay shard
   that was held of it (``shards``: its first offset and the priority of every held record, keyed by offset), the
+  held episodes loaded with ``--from-replay`` (``replayed``: source topic -> partition -> offset -> priority), the
   length of every member's ingest log, the version counter and the counters.
 
-The replay buffer itself is not saved: the topic is the replay store, and a restarted member rebuilds its shard by
-re-reading the shard's offset range of the partitions it is assigned (:mod:`.ingest`).
+The replay buffer itself is not saved: the topics are the replay store. A restarted member re-reads the replayed
+episodes from their source topics before it starts, then rebuilds its shard by re-reading the shard's offset range of
+the partitions it is assigned (:mod:`.ingest`); the group updates (and so checkpoints) only once that is done.
 
 The **ingest log** (``{run_dir}/learner/<member>/ingested.log``) is the auditable record of every trajectory record a
 member used, one line per record: partition, offset, episode id, what happened to it (``ingested`` into the buffer,

@@ -16,9 +16,10 @@ position on revocation): continue exactly there. Any other committed offset is o
 is ignored: read from the checkpoint's offset, and first re-read the range the checkpoint's replay shard held
 (``rebuild`` entries: they refill the buffer and are never ingested again nor dead-lettered twice).
 
-Records that cannot be decoded, or decode into something that is not a usable episode
-(:func:`.records.episode_from_event` raises :class:`~distrl_stream.errors.TrajectoryError`), go to ``{run}.dlq``
-with the reason; they still reach the trainer as dead entries so their offsets advance with the rest.
+Records that cannot be decoded, or decode into something that is not a usable episode for this learner
+(:func:`.records.episode_from_event` raises :class:`~distrl_stream.errors.TrajectoryError`: malformed, acted by
+another base model, choice-mode tokens that are not one of the step's candidates), go to ``{run}.dlq`` with the
+reason; they still reach the trainer as dead entries so their offsets advance with the rest.
 """
 
 from __future__ import annotations
@@ -28,18 +29,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
-from distrl_stream.errors import EventDecodeError, KafkaClientError, TrajectoryError
+from distrl_stream.errors import EventDecodeError, KafkaClientError, LearnerError, TrajectoryError
 from distrl_stream.events import Termination, TrajectoryEvent, default_serde
 from distrl_stream.kafka import OFFSET_BEGINNING, Message, TopicPartition
 from distrl_stream.kafka.consumer import Consumer
-from distrl_stream.kafka.dlq import DeadLetterQueue
-from distrl_stream.kafka.producer import Producer
+from distrl_stream.kafka.dlq import DeadLetterQueue, reason
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 
@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # Episodes that ended without a verdict: the learner never trains on them (their last value is unknown).
 INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENCE_ERROR, Termination.ABANDONED})
+
+# TrajectoryEvent -> EpisodeRecord, raising TrajectoryError for what the learner cannot use (the learner's own
+# episode_from_event, with its base model and choice constraint).
+Convert = Callable[[TrajectoryEvent], EpisodeRecord]
 
 
 class EntryKind(StrEnum):
@@ -68,6 +72,7 @@ class Entry:
         episode: the converted episode (None for dead entries).
         termination: the episode's termination (None for dead entries).
         rebuild: re-read to refill the replay shard from a checkpoint (already ingested before it).
+        reason: why a dead entry is unusable (its dead letter's reason; "" for episodes).
     """
 
     partition: int
@@ -77,9 +82,12 @@ class Entry:
     episode: EpisodeRecord | None = None
     termination: Termination | None = None
     rebuild: bool = False
+    reason: str = ""
 
 
-def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> Entry:
+def entry_from_message(
+    msg: Message, dead_letters: DeadLetterQueue | None, convert: Convert = episode_from_event
+) -> Entry:
     """Decode and convert one record; what cannot be used is dead-lettered (when ``dead_letters`` is given)."""
     key = msg.key()
     key_text = key.decode(errors="replace") if key else ""
@@ -87,11 +95,11 @@ def entry_from_message(msg: Message, dead_letters: DeadLetterQueue | None) -> En
     try:
         event = default_serde().decode(msg.value(), TrajectoryEvent)
         assert isinstance(event, TrajectoryEvent)  # decode(expect=...) guarantees it
-        episode = episode_from_event(event)
+        episode = convert(event)
     except (EventDecodeError, TrajectoryError) as exc:
         if dead_letters is not None:
             dead_letters.send(msg, exc)
-        return Entry(partition, offset, key_text, EntryKind.DEAD)
+        return Entry(partition, offset, key_text, EntryKind.DEAD, reason=reason(exc, msg.value()))
     return Entry(partition, offset, episode.episode_id, EntryKind.EPISODE, episode, event.termination)
 
 
@@ -105,6 +113,11 @@ class TrajectoryReader(BackgroundFollower):
             hand-over commit of this generation) start from the beginning.
         shard_from: partition -> first offset of the checkpoint's replay shard (re-read as ``rebuild`` entries).
         generation: this start's token, the metadata of every commit (see the module docstring).
+        solo: whether this member is its group's only one: partitions it loses to a session time-out (cut off from
+            the cluster for longer than ``session.timeout.ms``) can only come back to it, so it continues where it
+            stopped; a member of a larger group cannot know who read them meanwhile and fails (its agent restarts the
+            group from the checkpoint).
+        convert: how a decoded event becomes an episode (default: :func:`.records.episode_from_event` unchecked).
     """
 
     def __init__(
@@ -115,6 +128,8 @@ class TrajectoryReader(BackgroundFollower):
         *,
         shard_from: Mapping[int, int] | None = None,
         generation: str = "",
+        convert: Convert = episode_from_event,
+        solo: bool = False,
     ) -> None:
         super().__init__()
         self.thread_name = f"ingest-{member_id}"
@@ -127,6 +142,9 @@ class TrajectoryReader(BackgroundFollower):
         self._start = dict(start_offsets or {})
         self._shard_from = dict(shard_from or {})
         self.generation = generation
+        self._convert = convert
+        self._solo = solo
+        self._resume: dict[int, tuple[int, str]] = {}  # lost partitions: where this member continues (solo)
         self._positions: dict[int, int] = {}
         self._rebuild_until: dict[int, int] = {}  # partition -> end of its rebuild range (the checkpoint's offset)
         self._rebuild_pos: dict[int, int] = {}  # partition -> next rebuild offset not yet accepted
@@ -135,7 +153,7 @@ class TrajectoryReader(BackgroundFollower):
         self._cond = threading.Condition()
         self._pending_commit: dict[int, int] | None = None
         self._paused = False
-        self._producer: Producer | None = None
+        self._dead_letters: DeadLetterQueue | None = None
 
     # -- trainer side ------------------------------------------------------------------------------------------
 
@@ -185,15 +203,21 @@ class TrajectoryReader(BackgroundFollower):
         with self._cond:
             return dict(self._positions)
 
-    def flush_dead_letters(self, timeout_s: float = 30.0) -> None:
-        """Wait until every dead letter sent so far is acknowledged (before a checkpoint moves past them).
+    def rebuilt(self) -> set[int]:
+        """The assigned partitions whose shard is whole again here: re-read and accepted up to the checkpoint's
+        offset, or with nothing to re-read."""
+        with self._cond:
+            return {p for p in self._assigned if self._rebuild_pos.get(p, 0) >= self._rebuild_until.get(p, 0)}
+
+    def flush_dead_letters(self) -> None:
+        """Commit every dead letter sent so far (before a checkpoint moves past them).
 
         Raises:
-            KafkaClientError: some are still undelivered after ``timeout_s``.
+            KafkaClientError: some could not be committed.
         """
-        producer = self._producer
-        if producer is not None:
-            producer.flush(timeout_s)
+        dead_letters = self._dead_letters
+        if dead_letters is not None:
+            dead_letters.flush()
 
     def commit(self, offsets: Mapping[int, int]) -> None:
         """Ask the reader thread to commit these offsets (of a checkpoint) to the group."""
@@ -211,7 +235,6 @@ class TrajectoryReader(BackgroundFollower):
 
     def _follow(self) -> None:
         ensure_run_topics(self.cfg)
-        producer = self._producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-dlq")
         consumer = Consumer(
             self.cfg.kafka,
             group_id=self.topics.learner_group,
@@ -219,11 +242,15 @@ class TrajectoryReader(BackgroundFollower):
             # Static membership: a member restarted by the elastic agent gets its partitions back without a rebalance.
             overrides={"group.instance.id": f"{self.topics.learner_group}-{self.member_id}"},
         )
-        dead_letters = DeadLetterQueue(producer, self.topics.dlq, f"{self.topics.learner_group}/{self.member_id}")
+        dead_letters = self._dead_letters = DeadLetterQueue(
+            self.cfg.kafka, self.topics.dlq, f"{self.topics.learner_group}/{self.member_id}"
+        )
         limit = self.cfg.learner.ingest_queue_episodes
         lag_due = 0.0
         try:
-            consumer.subscribe([self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            consumer.subscribe(
+                [self.topics.trajectories], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_lost
+            )
             while not self._stop.is_set():
                 self._commit_pending(consumer)
                 if time.monotonic() >= lag_due:
@@ -231,19 +258,19 @@ class TrajectoryReader(BackgroundFollower):
                     self._measure_lag(consumer)
                 self._flow_control(consumer, limit)
                 batch = consumer.consume(256, 0.2)
-                entries = [self._entry(msg, dead_letters) for msg in batch]
+                with dead_letters.batch():  # one transaction for a batch's dead letters
+                    entries = [self._entry(msg, dead_letters) for msg in batch]
                 self.dead_lettered = dead_letters.count
                 if entries:
                     with self._cond:
                         owned = [e for e in entries if e.partition in self._assigned]
                         self._queue.extend(owned)
                         self._cond.notify_all()
-                producer.poll(0)
             self._commit_pending(consumer)
         finally:
             consumer.close()
-            producer.close()
-            self._producer = None
+            dead_letters.close()
+            self._dead_letters = None
 
     def _measure_lag(self, consumer: Consumer) -> None:
         """``lag`` = Σ high watermark − accepted position over our partitions (queued entries count as lag)."""
@@ -266,9 +293,9 @@ class TrajectoryReader(BackgroundFollower):
         with self._cond:
             rebuild = offset < self._rebuild_until.get(partition, -1)
         if not rebuild:
-            return entry_from_message(msg, dead_letters)
+            return entry_from_message(msg, dead_letters, self._convert)
         # Dead letters of the shard's range were sent before the checkpoint: do not send them twice.
-        return dataclasses.replace(entry_from_message(msg, None), rebuild=True)
+        return dataclasses.replace(entry_from_message(msg, None, self._convert), rebuild=True)
 
     def _flow_control(self, consumer: Consumer, limit: int) -> None:
         queued = self.queued
@@ -303,10 +330,13 @@ class TrajectoryReader(BackgroundFollower):
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         committed = consumer.committed(self.topics.trajectories, [tp.partition for tp in partitions])
+        shard = [tp.partition for tp in partitions if tp.partition in self._shard_from]
+        # A shard's records that retention has deleted never come back: its re-read starts at the log's start.
+        kept_from = {p: low for p, (low, _high) in consumer.watermarks(self.topics.trajectories, shard).items()}
         with self._cond:
             for tp in partitions:
                 p = tp.partition
-                offset, metadata = committed.get(p, (-1, ""))
+                offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
                 token, _, until = metadata.partition("/")
                 if self.generation and token == self.generation:
                     # Handed over within this generation: continue exactly where the last owner stopped.
@@ -316,7 +346,7 @@ class TrajectoryReader(BackgroundFollower):
                         self._rebuild_pos[p] = offset
                 elif p in self._start:
                     start = self._start[p]
-                    first = min(self._shard_from.get(p, start), start)
+                    first = min(max(self._shard_from.get(p, start), kept_from.get(p, 0)), start)
                     tp.offset = self._positions[p] = start
                     if first < start:
                         tp.offset = self._rebuild_pos[p] = first
@@ -329,6 +359,29 @@ class TrajectoryReader(BackgroundFollower):
         self._paused = False
         log.info("learner %s assigned %s", self.member_id, [(tp.partition, tp.offset) for tp in partitions])
         self.ready.set()
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if not self._solo:
+            # Another member may have read them meanwhile: only a restart from the checkpoint is exact.
+            raise LearnerError(
+                f"learner {self.member_id} lost partitions {sorted(tp.partition for tp in partitions)} (its session "
+                "timed out): the group restarts from its checkpoint"
+            )
+        lost = {tp.partition for tp in partitions}
+        with self._cond:
+            self._assigned -= lost
+            kept = [e for e in self._queue if e.partition not in lost]
+            self._queue.clear()
+            self._queue.extend(kept)
+            # A hand-over to itself: queued entries not yet used are read again when the partitions come back.
+            offsets, metadata = self._handover(lost)
+            self._resume.update({p: (offsets[p], metadata[p]) for p in offsets})
+        log.warning(
+            "learner %s lost partitions %s (session timed out, cut off from the cluster?); it continues where it "
+            "stopped when they come back",
+            self.member_id,
+            sorted(lost),
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -18,9 +18,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from distrl_stream.errors import TrajectoryError
+from distrl_stream.errors import ActionConstraintError, TrajectoryError
 from distrl_stream.events import Tensor as WireTensor
 from distrl_stream.events import Termination, TrajectoryEvent
+
+# The choice-mode check log π is computed under (``ChoiceConstraint.allowed``): given a step's candidates and action
+# tokens, it raises ActionConstraintError when the tokens are not one of the candidates' tokenisations.
+ActionCheck = Callable[[Sequence[str], Sequence[int]], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,20 +190,35 @@ def collate(episodes: Sequence[EpisodeRecord]) -> EpisodeBatch:
     )
 
 
-def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
+def episode_from_event(
+    event: TrajectoryEvent, *, base_model: str | None = None, check_action: ActionCheck | None = None
+) -> EpisodeRecord:
     """Convert a trajectory event into the learner's episode record.
 
     ``done`` as in docs/design.md §5.1: True only on a terminal last step (success, failure, or a ``status`` action);
     a truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates
     are kept only in choice mode (free-mode log-probs use the whole vocabulary).
 
+    Args:
+        event: the trajectory.
+        base_model: the learner's base model id (``ModelConfig.base_model_id``, what collectors record); an episode
+            acted by another base is refused. None: not checked.
+        check_action: the learner's choice constraint (:data:`ActionCheck`); a choice-mode step whose tokens it
+            refuses is refused here rather than at the first update that computes log π on it. None: not checked.
+
     Raises:
         TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
             before the last, token ids that are not a 1-D integer array, a tensor whose bytes do not match its dtype
-            and shape, token log-probs that do not match the tokens one for one, or a non-finite reward or log-prob.
+            and shape, token log-probs that do not match the tokens one for one, a non-finite reward or log-prob,
+            another base model than ``base_model``, or choice-mode tokens ``check_action`` refuses.
     """
     if not event.steps:
         raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
+    if base_model is not None and event.base_model != base_model:
+        raise TrajectoryError(
+            f"episode {event.episode_id!r} was acted by base model {event.base_model!r}, "
+            f"not by this learner's {base_model!r}"
+        )
     if event.mode not in ("choice", "free"):
         raise TrajectoryError(f"episode {event.episode_id!r} has unknown mode {event.mode!r}")
     last = len(event.steps) - 1
@@ -238,7 +257,7 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
                 policy_version=int(step.policy_version),
             )
         )
-    return EpisodeRecord(
+    episode = EpisodeRecord(
         episode_id=event.episode_id,
         task_id=event.task_id,
         instruction=event.instruction,
@@ -254,6 +273,27 @@ def episode_from_event(event: TrajectoryEvent) -> EpisodeRecord:
         final_observation=event.final_observation if event.termination == Termination.TRUNCATED else None,
         final_candidates=tuple(event.final_candidates) if event.termination == Termination.TRUNCATED else (),
     )
+    if check_action is not None:
+        try:
+            check_choices(episode, check_action)
+        except ActionConstraintError as exc:
+            raise TrajectoryError(f"{exc} (its action tokens are not one of its candidates)") from None
+    return episode
+
+
+def check_choices(episode: EpisodeRecord, check: ActionCheck) -> None:
+    """Check every choice-mode step's action tokens with ``check`` (free-mode episodes pass).
+
+    Raises:
+        ActionConstraintError: a step whose tokens were not sampled under the choice among its candidates (named).
+    """
+    if episode.mode != "choice":
+        return
+    for t, step in enumerate(episode.steps):
+        try:
+            check(step.candidates, step.token_ids)
+        except ActionConstraintError as exc:
+            raise ActionConstraintError(f"episode {episode.episode_id!r} step {t}: {exc}") from None
 
 
 def _array(tensor: WireTensor, where: str) -> np.ndarray:

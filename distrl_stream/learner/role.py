@@ -13,7 +13,8 @@ The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
    ``drop_above_policy_lag`` versions behind) or incomplete, put the rest in the replay buffer, and write every
    record to the ingest log;
 2. when the buffer holds ``min_buffer_episodes`` (async) — or, in round mode, when ``round_episodes`` trajectories
-   of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`);
+   of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`); after a restart,
+   only once the checkpoint's replay shard has been re-read whole (a checkpoint before would lose the rest of it);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
    store and THEN publish a WeightVersionEvent on ``{run}.weights``;
 4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
@@ -50,8 +51,8 @@ from distrl_stream.artifacts import (
     version_event,
 )
 from distrl_stream.config import Algorithm, Config
-from distrl_stream.errors import CheckpointError, DeliveryError, LearnerError, ReplayBufferError
-from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
+from distrl_stream.errors import CheckpointError, DeliveryError, KafkaClientError, LearnerError, ReplayBufferError
+from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
@@ -70,9 +71,9 @@ from distrl_stream.learner.checkpoint import (
 from distrl_stream.learner.device import resolve_device
 from distrl_stream.learner.group import Group, MemberLock, Membership
 from distrl_stream.learner.ingest import INCOMPLETE_TERMINATIONS, Entry, EntryKind, TrajectoryReader, entry_from_message
-from distrl_stream.learner.records import EpisodeRecord
+from distrl_stream.learner.metrics import Counters, LearnerMetrics
+from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
-from distrl_stream.monitor.prometheus import LearnerMetrics
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
 from distrl_stream.policy.model_dir import resolve_model_dir
 
@@ -80,27 +81,8 @@ log = logging.getLogger(__name__)
 
 # Update statistics copied into each WeightVersionEvent's metrics summary.
 _SUMMARY_KEYS = ("loss_policy", "loss_critic", "entropy", "rho_mean", "value_error", "batch_success")
-
-
-@dataclass
-class Counters:
-    """What the learner has done, cumulative over restarts (saved in checkpoints)."""
-
-    ingested: int = 0  # episodes put in the buffer
-    stale: int = 0  # dropped on arrival: more than drop_above_policy_lag (or max_sample_lag) versions behind
-    aged_out: int = 0  # removed from the buffer once more than max_sample_lag versions behind
-    incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
-    dead: int = 0  # undecodable or unusable records (dead-lettered)
-    rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
-    replayed: int = 0  # episodes loaded from another run's topic (--from-replay)
-    published: int = 0  # weight versions published
-    unannounced: int = 0  # versions written whose chunks or event the cluster did not acknowledge (an outage)
-    metrics_lost: int = 0  # metric events the cluster never acknowledged
-    dead_letters_lost: int = 0  # dead letters the cluster never acknowledged (their records are skipped unrecorded)
-
-    def as_dict(self) -> dict[str, int]:
-        """Plain form for checkpoints."""
-        return dict(self.__dict__)
+# Seconds a read of another run's trajectories (--from-replay, and its episodes re-read after a restart) may take.
+_REPLAY_READ_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -159,8 +141,10 @@ class Learner:
         self._base_fingerprint = ""
         self._start_offsets: dict[int, int] = {}
         self._shard_from: dict[int, int] = {}  # partition -> first offset of the checkpoint's shard
+        self._shard_rebuilt: set[int] = set()  # partitions of that shard some member has re-read whole since start
         self._restore_priorities: dict[tuple[int, int], float] = {}  # (partition, offset) -> priority, to rebuild
-        self._origins: dict[int, tuple[int, int]] = {}  # buffer key -> (partition, offset) of its record
+        # Buffer key -> (topic, partition, offset) of its record: this run's trajectories, or a --from-replay source.
+        self._origins: dict[int, tuple[str, int, int]] = {}
         self._log_lengths: dict[str, int] = {}  # member -> ingest log length, as the last checkpoint recorded
         self._generation = ""
         self._window = _Window()
@@ -198,14 +182,16 @@ class Learner:
 
         Args:
             from_replay: a run whose ``{run}.trajectories`` to pre-train on (read by assign + offsets, never joining
-                a group); ignored when resuming from a checkpoint (the checkpoint already holds its effect).
+                a group); ignored when resuming from a checkpoint (the checkpoint already holds its effect, and the
+                replayed episodes its shard held are re-read from their topic).
             replay_updates: updates of the offline phase.
             replay_algorithm: the offline update rule (``bc`` clones every replayed episode).
 
         Raises:
             CheckpointError: the latest checkpoint is unusable.
-            LearnerError: a bad warm-start adapter, a replay topic with no usable episodes, or a ``learner.device`` of
-                ``cuda`` without a GPU for every member on this host.
+            LearnerError: a bad warm-start adapter, a replay topic with no usable episodes, a replay topic the
+                checkpoint's shard holds episodes of that cannot be read, or a ``learner.device`` of ``cuda`` without a
+                GPU for every member on this host.
         """
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
@@ -296,6 +282,8 @@ class Learner:
         # The group's counters continue on rank 0; the other members count from zero what they do from now on.
         if self.membership.writer:
             self.counters = Counters(**state["counters"])
+        # First in the buffer, as when they were loaded. Checkpoints from before they were recorded lack the key.
+        self._restore_replayed(state.get("replayed", {}))
         self.version = self.group.broadcast(max(int(state["version"]), newest_artifact_version(self.cfg)))
         self._round_new = int(state.get("round_new", 0))
         self._round_updates_left = int(state.get("round_updates_left", 0))
@@ -328,6 +316,8 @@ class Learner:
             self._start_offsets,
             shard_from=self._shard_from,
             generation=self._generation,
+            convert=self._convert,
+            solo=self.membership.world_size == 1,
         )
         self._reader.start()
         self._window = _Window()
@@ -340,9 +330,15 @@ class Learner:
                 self._ingest(self._reader.drain(512))
                 self._age_out()
                 ready = self._should_update()
-                # One collective per iteration on every member: update if any can, stop if any must.
-                go, stopping, version = self.group.exchange([float(ready), float(stop.is_set()), float(self.version)])
+                unread = sorted(self._shard_from.keys() - self._shard_rebuilt)  # the same list on every member
+                rebuilt = self._reader.rebuilt()
+                # One collective per iteration on every member: update if any can, stop if any must; and which
+                # partitions of the checkpoint's shard some member has finished re-reading.
+                go, stopping, version, *done = self.group.exchange(
+                    [float(ready), float(stop.is_set()), float(self.version), *(float(p in rebuilt) for p in unread)]
+                )
                 self.version = max(self.version, int(version))
+                self._shard_rebuilt.update(p for p, d in zip(unread, done, strict=True) if d)
                 if stopping:
                     break
                 if go:
@@ -358,7 +354,10 @@ class Learner:
         finally:
             # Only a clean stop checkpoints here: after a failure the last periodic checkpoint is the safe one.
             if clean:
-                self.checkpoint()
+                if self._shard_whole():
+                    self.checkpoint()
+                else:  # it would hold only the part of the shard re-read so far: the last checkpoint stands
+                    log.warning("learner %s: stopped before its shard was re-read: no checkpoint", self.member_id)
                 self.emit_metrics(final=True)
             self._reader.stop()
             self._reader = None
@@ -387,6 +386,13 @@ class Learner:
 
     # -- ingest --------------------------------------------------------------------------------------------------
 
+    def _convert(self, event: TrajectoryEvent) -> EpisodeRecord:
+        """:func:`episode_from_event` for this learner: acted by its base model, with choice-mode tokens its
+        policy's choice constraint accepts (else an update or a priority refresh could not compute log π on it)."""
+        return episode_from_event(
+            event, base_model=self.cfg.model.base_model_id, check_action=self.trainer.constraint.allowed
+        )
+
     def _ingest(self, entries: list[Entry]) -> None:
         assert self._reader is not None
         for entry in entries:
@@ -407,16 +413,24 @@ class Learner:
             self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, status)
 
     def _rebuild(self, entry: Entry) -> None:
-        """Put a record of the checkpoint's shard back in the buffer at its priority (no log line, no counter: it
-        was ingested before the checkpoint)."""
+        """Put a record of the checkpoint's shard back in the buffer at its priority."""
         priority = self._restore_priorities.pop((entry.partition, entry.offset), None)
-        if priority is None or entry.episode is None:
-            return  # not held by the shard (dropped, evicted) when the checkpoint was written
+        if priority is not None:  # else not held by the shard (dropped, evicted) when the checkpoint was written
+            self._put_back(self.topics.trajectories, entry, priority)
+
+    def _put_back(self, topic: str, entry: Entry, priority: float) -> None:
+        """Put a record a checkpoint's shard held back in the buffer at its priority (no log line, no ingest
+        counter: it was ingested before the checkpoint)."""
+        if entry.episode is None:
+            # Held before a check that refuses it now: leave it out rather than meet it again at the next update.
+            self.counters.rejected += 1
+            log.warning("%s[%d]@%d not restored to the buffer: %s", topic, entry.partition, entry.offset, entry.reason)
+            return
         try:
             key = self.buffer.add(entry.episode)
         except ReplayBufferError:
             return
-        self._origins[key] = (entry.partition, entry.offset)
+        self._origins[key] = (topic, entry.partition, entry.offset)
         self.buffer.update_priorities([key], [priority])
 
     def _admit(self, episode: EpisodeRecord, incomplete: bool, origin: tuple[int, int]) -> str:
@@ -434,7 +448,7 @@ class Learner:
             log.warning("episode %s refused by the replay buffer: %s", episode.episode_id, exc)
             self.counters.rejected += 1
             return "rejected"
-        self._origins[key] = origin
+        self._origins[key] = (self.topics.trajectories, *origin)
         self._window.lags.extend(lags)
         for lag in lags:
             self.prometheus.policy_lag.observe(lag)
@@ -462,8 +476,14 @@ class Learner:
     def _round_mode(self) -> bool:
         return self.settings.round_episodes > 0
 
+    def _shard_whole(self) -> bool:
+        """Whether the group has re-read every partition of the checkpoint's replay shard (the same answer on every
+        member: it comes from the collective exchange)."""
+        return self._shard_rebuilt.issuperset(self._shard_from)
+
     def _should_update(self) -> bool:
-        if not self.trainer.ready():
+        # No update, and so no checkpoint, before the shard is whole: a checkpoint would keep only what was re-read.
+        if not self._shard_whole() or not self.trainer.ready():
             return False
         if not self._round_mode():
             cap = self.settings.max_replay_ratio
@@ -596,11 +616,15 @@ class Learner:
         trainer = self.trainer
         offsets = dict(self._start_offsets)  # partitions no member holds now keep the last checkpoint's offset
         shards: dict[int, dict[int, float]] = {}
+        replayed: dict[str, dict[int, dict[int, float]]] = {}
         for m in members:
             for p, o in m["positions"].items():
                 offsets[p] = max(offsets.get(p, 0), o)
-            for p, o, priority in m["shard"]:
-                shards.setdefault(p, {})[o] = priority
+            for topic, p, o, priority in m["shard"]:
+                if topic == self.topics.trajectories:
+                    shards.setdefault(p, {})[o] = priority
+                else:
+                    replayed.setdefault(topic, {}).setdefault(p, {})[o] = priority
         # Logs of members that are gone stay as they were: their lines are part of the group's history.
         self._log_lengths = {**self._log_lengths, **{str(rank): m["log_bytes"] for rank, m in enumerate(members)}}
         counters = {k: sum(m["counters"][k] for m in members) for k in members[0]["counters"]}
@@ -615,6 +639,10 @@ class Learner:
             "shards": {
                 str(p): {"from": min(held), "priorities": {str(o): held[o] for o in sorted(held)}}
                 for p, held in sorted(shards.items())
+            },
+            "replayed": {
+                topic: {str(p): {str(o): held[o] for o in sorted(held)} for p, held in sorted(by_partition.items())}
+                for topic, by_partition in sorted(replayed.items())
             },
             "ingest_logs": self._log_lengths,
             "counters": counters,
@@ -632,7 +660,7 @@ class Learner:
 
     # -- offline pre-training (off-to-on) ------------------------------------------------------------------------
 
-    def load_replay(self, source_run: str, timeout_s: float = 300.0) -> int:
+    def load_replay(self, source_run: str, timeout_s: float = _REPLAY_READ_TIMEOUT_S) -> int:
         """Put the usable episodes of ``{source_run}.trajectories`` in the buffer (no group, no offsets kept).
 
         The episodes go in in the order they were produced (timestamp, then partition and offset), not in the order
@@ -648,24 +676,50 @@ class Learner:
         """
         loaded = 0
         topic = TopicNames(source_run).trajectories
-        messages = sorted(
-            read_topic(self.cfg.kafka, topic, timeout_s=timeout_s),
-            key=lambda msg: (msg.timestamp()[1], msg.partition(), msg.offset()),
-        )
-        for msg in messages:
-            entry = entry_from_message(msg, None)  # another run's bad records are not ours to dead-letter
+        for entry in self._read_replay(topic, timeout_s):
             if entry.episode is None or entry.termination in INCOMPLETE_TERMINATIONS:
                 continue
             try:
-                self.buffer.add(entry.episode)
+                key = self.buffer.add(entry.episode)
             except ReplayBufferError as exc:
                 log.warning("replayed episode %s refused: %s", entry.episode_id, exc)
                 continue
+            # Part of the shard from now on: a restart re-reads it from the source topic (_restore_replayed).
+            self._origins[key] = (topic, entry.partition, entry.offset)
             loaded += 1
         self.counters.replayed += loaded
         self._dirty = True
         log.info("loaded %d episodes from %s", loaded, topic)
         return loaded
+
+    def _read_replay(self, topic: str, timeout_s: float = _REPLAY_READ_TIMEOUT_S) -> list[Entry]:
+        """Every record of another run's ``topic`` as an entry, in the order they were produced (timestamp, then
+        partition and offset); another run's bad records are not ours to dead-letter."""
+        messages = sorted(
+            read_topic(self.cfg.kafka, topic, timeout_s=timeout_s),
+            key=lambda msg: (msg.timestamp()[1], msg.partition(), msg.offset()),
+        )
+        return [entry_from_message(msg, None, self._convert) for msg in messages]
+
+    def _restore_replayed(self, replayed: dict[str, dict[str, dict[str, float]]]) -> None:
+        """Put the replayed episodes a checkpoint's shard held back in the buffer at their priorities, re-read from
+        their source topics (``replayed``: topic -> partition -> offset -> priority, as :meth:`checkpoint` writes).
+
+        Raises:
+            LearnerError: a source topic cannot be read.
+        """
+        for topic, partitions in replayed.items():
+            held = {(int(p), int(o)): float(v) for p, by_offset in partitions.items() for o, v in by_offset.items()}
+            try:
+                entries = self._read_replay(topic)
+            except KafkaClientError as exc:
+                raise LearnerError(f"the checkpoint's replayed episodes cannot be re-read from {topic}: {exc}") from exc
+            for entry in entries:
+                priority = held.pop((entry.partition, entry.offset), None)
+                if priority is not None:
+                    self._put_back(topic, entry, priority)
+            if held:
+                log.warning("%d replayed records of the checkpoint's shard are gone from %s", len(held), topic)
 
     def pretrain(self, source_run: str, updates: int, algorithm: Algorithm = "bc") -> None:
         """Offline phase: load ``source_run``'s trajectories and do ``updates`` updates of ``algorithm`` on them.

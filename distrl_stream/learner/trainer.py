@@ -36,7 +36,7 @@ from distrl_stream.errors import ActionConstraintError, LearnerError
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
-from distrl_stream.learner.records import EpisodeRecord, collate
+from distrl_stream.learner.records import EpisodeRecord, check_choices, collate
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, check_output_head
 from distrl_stream.policy.prompt import Prompter
 
@@ -568,22 +568,33 @@ class Trainer:
         return trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
 
     def refresh_priorities(self) -> int:
-        """Recompute every held episode's priority; returns how many were updated."""
-        return self.buffer.refresh_all(lambda _keys, episodes: self.episode_priorities(episodes), batch_size=32)
+        """Recompute every held episode's priority; returns how many were updated.
+
+        An episode whose tokens are impossible under its candidates (ingest refuses them, but a buffer may hold one
+        from before) is removed and counted in ``rejected``, and the refresh is done again without it: it must not
+        stop the learner, which would meet it again after every restart.
+        """
+
+        def score(_keys: list[int], episodes: list[EpisodeRecord]) -> Tensor:
+            return self.episode_priorities(episodes)
+
+        try:
+            return self.buffer.refresh_all(score, batch_size=32)
+        except ActionConstraintError as exc:
+            log.warning("priority refresh met an impossible action (%s); removing the episodes that hold one", exc)
+            self._reject_impossible()
+            return self.buffer.refresh_all(score, batch_size=32)
 
     def _reject_impossible(self) -> None:
         """Remove every held episode whose tokens are impossible under its candidates (checked one by one)."""
         bad = []
         for key, episode in self.buffer.items():
-            if episode.mode != "choice":
-                continue
             try:
-                for step in episode.steps:
-                    self.constraint.allowed(step.candidates, step.token_ids)
-            except ActionConstraintError:
+                check_choices(episode, self.constraint.allowed)
+            except ActionConstraintError as exc:
                 bad.append(key)
-        for episode in self.buffer.remove(bad):
-            log.warning("removed episode %s: its actions were not sampled under its candidates", episode.episode_id)
+                log.warning("removing %s: its actions were not sampled under its candidates", exc)
+        self.buffer.remove(bad)
         self.rejected += len(bad)
 
     # -- persistence ---------------------------------------------------------------------------------------------

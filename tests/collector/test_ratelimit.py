@@ -45,7 +45,7 @@ async def test_collector_pauses_while_the_learner_is_behind_and_resumes_when_it_
     topics = TopicNames(cfg.run)
     collector = Collector(cfg)
     with Producer(cfg.kafka, client_id="test") as producer:
-        collector._published = PublishedVersions(cfg, producer, "test-weights")
+        collector._published = PublishedVersions(cfg, "test-weights")
         collector._published.start()
         collector._limiter = InsertLimiter(cfg, "test-inserts")
         try:

@@ -196,10 +196,13 @@ def test_bad_versions_are_refused_by_reason_and_the_last_good_one_stays_served(
     try:
         _publish(cfg, 1, sft_adapter, base_fingerprint)
         _wait_for(lambda: "policy-v1" in _served(vllm_server), "version 1 to be served")
+        # One at a time: a version published while an older one is still pending supersedes it (never tried).
         _publish(cfg, 2, sft_adapter, base_fingerprint, corrupt_chunk=1)
+        _wait_for(lambda: len(watcher.refused) == 1, "version 2 to be refused")
         _publish(cfg, 3, tampered, base_fingerprint, sha256=sha256_dir(sft_adapter))
+        _wait_for(lambda: len(watcher.refused) == 2, "version 3 to be refused")
         _publish(cfg, 4, sft_adapter, "f" * 64)  # trained on another base model
-        _wait_for(lambda: len(watcher.refused) == 3, "versions 2, 3 and 4 to be refused")
+        _wait_for(lambda: len(watcher.refused) == 3, "version 4 to be refused")
         assert _served(vllm_server) == {"policy-v0", "policy-v1"}
         metrics = scrape(f"127.0.0.1:{watcher.prometheus.port}")
     finally:

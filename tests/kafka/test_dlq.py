@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from confluent_kafka import TopicPartition
+from confluent_kafka import Message, TopicPartition
 
 from distrl_stream.config import Config
 from distrl_stream.errors import EventDecodeError, TrajectoryError
@@ -45,8 +45,8 @@ def test_poison_records_go_to_the_dlq_and_good_ones_keep_flowing(
         producer.flush()
 
     group = unique_name("learner")
-    with Producer(run_config.kafka, client_id="dlq") as dlq_producer:
-        dead_letters = DeadLetterQueue(dlq_producer, run_topics.dlq, consumer_name="learner-test")
+    dead_letters = DeadLetterQueue(run_config.kafka, run_topics.dlq, consumer_name="learner-test")
+    try:
         with Consumer(run_config.kafka, group_id=group) as consumer:
             reader = EventConsumer(consumer, dead_letters, expect=TrajectoryEvent)
             consumer.subscribe([run_topics.trajectories])
@@ -60,6 +60,8 @@ def test_poison_records_go_to_the_dlq_and_good_ones_keep_flowing(
                 assert time.monotonic() < deadline, f"only {dead_letters.count} of {len(poison)} dead-lettered"
             reader.commit()
         assert dead_letters.count == len(poison)
+    finally:
+        dead_letters.close()
 
     letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
     offsets = {i: v for i, v in enumerate(values)}
@@ -99,3 +101,62 @@ def test_poison_records_go_to_the_dlq_and_good_ones_keep_flowing(
 )
 def test_reason_starts_with_the_category_a_dlq_is_counted_by(value: bytes, error: BaseException, expected: str) -> None:
     assert reason(error, value).startswith(expected)
+
+
+def _poison_messages(run_config: Config, topics: TopicNames, n: int) -> list[Message]:
+    """``n`` undecodable records on partition 0 of the trajectories topic, as a reader receives them."""
+    with Producer(run_config.kafka) as producer:
+        for i in range(n):
+            producer.produce(topics.trajectories, f"poison {i}".encode(), key=b"k", partition=0)
+        producer.flush()
+    return list(read_topic(run_config.kafka, topics.trajectories))
+
+
+def _dlq_offsets(run_config: Config, topics: TopicNames) -> list[int]:
+    return sorted(decode(m.value(), expect=DeadLetter).offset for m in read_topic(run_config.kafka, topics.dlq))
+
+
+def test_records_read_again_after_a_restart_are_dead_lettered_once(run_config: Config, run_topics: TopicNames) -> None:
+    messages = _poison_messages(run_config, run_topics, 3)
+    error = EventDecodeError("bad magic byte")
+    first = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
+    with first.batch():
+        for msg in messages[:2]:
+            assert first.send(msg, error) is not None
+    first.close()
+    # The restarted reader re-reads everything past its checkpoint: the first two are on the DLQ already.
+    again = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
+    try:
+        with again.batch():
+            sent = [again.send(msg, error) for msg in messages]
+        assert [letter is not None for letter in sent] == [False, False, True]
+        assert (again.count, again.duplicates) == (1, 2)
+    finally:
+        again.close()
+    assert _dlq_offsets(run_config, run_topics) == [0, 1, 2]
+
+
+def test_a_record_every_reader_of_a_shared_topic_sees_is_dead_lettered_once(
+    run_config: Config, run_topics: TopicNames
+) -> None:
+    """Two readers of one record (two policy servers on {run}.weights): the one that takes the partition over
+    fences the other, whose open transaction is aborted; its commit then finds the letter there and adds nothing."""
+    msg, later = _poison_messages(run_config, run_topics, 2)
+    error = EventDecodeError("bad magic byte")
+    server_a = DeadLetterQueue(run_config.kafka, run_topics.dlq, "inference-watcher-a")
+    server_b = DeadLetterQueue(run_config.kafka, run_topics.dlq, "inference-watcher-b")
+    try:
+        with server_a.batch():
+            assert server_a.send(msg, error) is not None  # in A's open transaction, not committed yet
+            assert server_b.send(msg, error) is not None  # B fences A (aborting it) and commits its own
+        assert server_a.pending == 0 and server_b.pending == 0
+        assert server_a.send(later, error) is not None
+        assert server_b.send(later, error) is None  # committed by A: B skips it
+    finally:
+        server_a.close()
+        server_b.close()
+    letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
+    assert sorted((letter.offset, letter.consumer) for letter in letters) == [
+        (0, "inference-watcher-b"),
+        (1, "inference-watcher-a"),
+    ]

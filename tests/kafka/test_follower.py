@@ -82,7 +82,7 @@ def test_undecodable_records_are_counted_and_dead_lettered_only_when_a_queue_is_
         producer.produce_event(topic, _metric(run_config.run, 7))
         producer.flush()
         observer = TopicFollower(run_config.kafka, topic, MetricEvent, client_id="observer")
-        dead_letters = DeadLetterQueue(producer, run_topics.dlq, "owner")
+        dead_letters = DeadLetterQueue(run_config.kafka, run_topics.dlq, "owner")
         owner = TopicFollower(run_config.kafka, topic, MetricEvent, client_id="owner", dead_letters=dead_letters)
         for follower in (observer, owner):
             with follower:

@@ -1,17 +1,23 @@
-"""TrajectoryEvent → EpisodeRecord: field mapping, the done rule, free vs choice mode, unusable events."""
+"""TrajectoryEvent → EpisodeRecord: field mapping, the done rule, free vs choice mode, unusable events (also for this
+learner: another base model, choice-mode tokens that are none of the step's candidates)."""
 
 from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
+from transformers import AutoTokenizer
 
-from distrl_stream.errors import TrajectoryError
+from distrl_stream.errors import ActionConstraintError, TrajectoryError
 from distrl_stream.events import Tensor, Termination, TrajectoryEvent
 from distrl_stream.learner.records import episode_from_event
+from distrl_stream.policy.logprobs import ChoiceConstraint
 from distrl_stream.testing.samples import sample_trajectory
+from tests.learner.simdata import sim_events
 
 
 def event(steps: int = 3, *, termination: Termination = Termination.SUCCESS, mode: str = "choice") -> TrajectoryEvent:
@@ -97,3 +103,43 @@ def test_a_truncated_episode_keeps_its_final_observation_for_the_bootstrap() -> 
     assert episode_from_event(terminal).final_observation is None
     # A v1 record (no final observation) is still usable: the learner bootstraps it with 0.
     assert episode_from_event(event(3, termination=Termination.TRUNCATED)).final_observation is None
+
+
+def test_an_episode_of_another_base_model_is_refused_naming_both() -> None:
+    ev = dataclasses.replace(event(2), base_model="other-base")
+    with pytest.raises(TrajectoryError, match="base model 'other-base', not by this learner's 'tiny'"):
+        episode_from_event(ev, base_model="tiny")
+    assert episode_from_event(ev, base_model="other-base").episode_id == ev.episode_id
+
+
+def test_choice_tokens_are_checked_step_by_step_and_free_mode_is_not() -> None:
+    checked: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
+
+    def check(candidates: Sequence[str], token_ids: Sequence[int]) -> None:
+        checked.append((tuple(candidates), tuple(token_ids)))
+        if len(checked) == 2:
+            raise ActionConstraintError("token 7 at position 0 is not allowed")
+
+    with pytest.raises(TrajectoryError, match=r"step 1: token 7 .* not one of its candidates"):
+        episode_from_event(event(3), check_action=check)
+    ev = event(3)
+    checked.clear()
+    episode_from_event(dataclasses.replace(ev, mode="free"), check_action=check)
+    assert checked == []
+
+
+def test_the_learners_choice_constraint_accepts_collected_tokens_and_refuses_others(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    constraint = ChoiceConstraint(tokenizer, len(tokenizer))
+    [ev] = sim_events(tokenizer, 1, seed=4)
+    assert len(episode_from_event(ev, base_model="tiny", check_action=constraint.allowed)) == len(ev.steps)
+    # A well-formed action that is none of the step's candidates, with its stop token.
+    assert '{"action_type":"click","index":99}' not in ev.steps[0].candidates
+    other = [*tokenizer('{"action_type":"click","index":99}')["input_ids"], tokenizer.eos_token_id]
+    forged = _step0(
+        ev,
+        token_ids=Tensor.from_numpy(np.array(other, dtype=np.int32)),
+        token_logprobs=Tensor.from_numpy(np.full(len(other), -0.5, dtype=np.float32)),
+    )
+    with pytest.raises(TrajectoryError, match=r"step 0: token \d+ at position \d+ is not allowed"):
+        episode_from_event(forged, check_action=constraint.allowed)

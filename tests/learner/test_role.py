@@ -1,24 +1,29 @@
-"""The learner role against a real broker (tiny model, no vLLM): publishing, round mode, dead letters and drops."""
+"""The learner role against a real broker (tiny model, no vLLM): publishing, round mode, dead letters and drops,
+restarts (the replay shard, replayed episodes, unusable episodes)."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
-from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, decode, encode
+from distrl_stream.events import DeadLetter, Tensor, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.learner.checkpoint import IngestLog
+from distrl_stream.learner.checkpoint import IngestLog, read_json
+from distrl_stream.learner.ingest import TrajectoryReader
+from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.role import Learner
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
@@ -237,7 +242,7 @@ def test_a_fresh_adapter_is_drawn_from_the_learner_seed(
 
 
 def test_a_replay_loads_episodes_in_the_order_they_were_produced_whatever_their_partitions(
-    learner_config: Callable[..., Config],
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
     source = learner_config()
     ensure_run_topics(source)
@@ -256,12 +261,9 @@ def test_a_replay_loads_episodes_in_the_order_they_were_produced_whatever_their_
         producer.flush()
     loaded = []
     for _ in range(2):
-        learner = Learner(learner_config())
-        try:
-            assert learner.load_replay(source.run) == len(events)
-            loaded.append([e.episode_id for _k, e in learner.buffer.items()])
-        finally:
-            learner.close()
+        learner = started(learner_config())  # its episodes are checked against its policy's base and tokens
+        assert learner.load_replay(source.run) == len(events)
+        loaded.append([e.episode_id for _k, e in learner.buffer.items()])
     assert loaded[0] == loaded[1] == [e.episode_id for e in events]
 
 
@@ -323,3 +325,157 @@ def test_prometheus_endpoint_shows_ingest_dead_letters_updates_losses_and_lag(
     assert value(samples, "distrl_learner_policy_lag_versions_count") == sum(
         len(e.steps) for _k, e in learner.buffer.items()
     )
+
+
+def held(learner: Learner) -> list[str]:
+    return [e.episode_id for _k, e in learner.buffer.items()]
+
+
+def shard_origins(checkpoint: Path) -> set[tuple[int, int]]:
+    shards = read_json(checkpoint / "state.json")["shards"]
+    return {(int(p), int(o)) for p, shard in shards.items() for o in shard["priorities"]}
+
+
+def not_among_candidates(tokenizer: PreTrainedTokenizerBase, event: TrajectoryEvent) -> TrajectoryEvent:
+    """``event`` with step 1's action a well-formed one that is none of its candidates: its tokens cannot have been
+    drawn under the choice."""
+    action = [*tokenizer('{"action_type":"click","index":99}')["input_ids"], tokenizer.eos_token_id]
+    step = dataclasses.replace(
+        event.steps[1],
+        token_ids=Tensor.from_numpy(np.array(action, dtype=np.int32)),
+        token_logprobs=Tensor.from_numpy(np.full(len(action), -0.1, dtype=np.float32)),
+    )
+    return dataclasses.replace(event, steps=[event.steps[0], step, *event.steps[2:]])
+
+
+def test_unusable_episodes_are_dead_lettered_with_their_reason_and_never_reach_the_buffer(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    # Every update refreshes every priority: an impossible action in the buffer would meet log π at once.
+    cfg = learner_config(priority_refresh_interval=1, checkpoint_interval_updates=1)
+    learner = started(cfg)
+    tokenizer = learner.trainer.tokenizer
+    good = sim_events(tokenizer, 4, seed=11)
+    [not_a_candidate, foreign] = sim_events(tokenizer, 2, seed=12)
+    not_a_candidate = not_among_candidates(tokenizer, not_a_candidate)
+    foreign = dataclasses.replace(foreign, base_model="another-base")
+    produce(cfg, [good[0], not_a_candidate, good[1], foreign, good[2], good[3]])
+    running = Running(learner)
+    running.wait_for("6 records", lambda: learner.counters.ingested + learner.counters.dead == 6)
+    running.wait_for("updates on the good episodes", lambda: learner.trainer.updates >= 3)
+    running.finish()
+    assert (learner.counters.ingested, learner.counters.dead, learner.trainer.rejected) == (4, 2, 0)
+    assert sorted(held(learner)) == sorted(e.episode_id for e in good)
+    records = IngestLog.read(learner.ingest_log.path)
+    assert [r.status for r in records] == ["ingested", "dead", "ingested", "dead", "ingested", "ingested"]
+    letters = [decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq)]
+    by_source = {letter.offset: letter.error_message for letter in letters}
+    assert sorted(by_source) == [1, 3] and len(letters) == 2
+    assert by_source[1].startswith(f"impossible value: episode {not_a_candidate.episode_id!r} step 1: token ")
+    assert by_source[1].endswith("(its action tokens are not one of its candidates)")
+    assert by_source[3] == (
+        f"impossible value: episode {foreign.episode_id!r} was acted by base model 'another-base', "
+        "not by this learner's 'tiny'"
+    )
+    learner.close()
+
+    # The restart re-reads the shard (nothing unusable in it) and trains on, refreshing every priority again.
+    again = started(cfg)
+    running = Running(again)
+    produce(cfg, sim_events(tokenizer, 2, seed=13))
+    running.wait_for("2 more episodes", lambda: again.counters.ingested == 6)
+    running.wait_for("updates after the restart", lambda: again.trainer.updates >= learner.trainer.updates + 2)
+    running.finish()
+    assert len(held(again)) == 6 and again.counters.dead == 2 and again.trainer.rejected == 0
+
+
+def test_an_unusable_episode_a_checkpoint_held_from_before_is_left_out_when_its_shard_is_re_read(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = learner_config(priority_refresh_interval=1)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.base)
+    good = sim_events(tokenizer, 2, seed=14)
+    [bad] = sim_events(tokenizer, 1, seed=15)
+    bad = not_among_candidates(tokenizer, bad)
+    ensure_run_topics(cfg)
+    produce(cfg, [good[0], bad, good[1]])
+    with monkeypatch.context() as patched:
+        # A learner from before ingest checked an action against its candidates, and one that does not train (an
+        # update could notice the action): the episode is in its buffer, so in its checkpoint's shard.
+        patched.setattr(Learner, "_convert", lambda _learner, event: episode_from_event(event), raising=False)
+        patched.setattr(Learner, "_should_update", lambda _learner: False)
+        learner = started(cfg)
+        running = Running(learner)
+        running.wait_for("3 episodes", lambda: learner.counters.ingested == 3)
+        running.finish()
+        learner.close()
+    assert shard_origins(learner.store.latest()) == {(0, 0), (0, 1), (0, 2)}  # type: ignore[arg-type]
+
+    again = started(cfg)
+    running = Running(again)
+    running.wait_for("the shard re-read", lambda: again.counters.rejected == 1 and len(again.buffer) == 2)
+    running.wait_for("updates, each refreshing every priority", lambda: again.trainer.updates >= 3)
+    running.finish()
+    assert held(again) == [e.episode_id for e in good] and again.trainer.rejected == 0
+
+
+def test_a_checkpoint_right_after_a_restart_holds_the_whole_shard(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = learner_config(checkpoint_interval_updates=1, checkpoint_keep=1000, updates_per_version=1000)
+    learner = started(cfg)
+    produce(cfg, sim_events(learner.trainer.tokenizer, 6, seed=21))
+    running = Running(learner)
+    running.wait_for("6 episodes", lambda: learner.counters.ingested == 6)
+    running.finish()
+    learner.close()
+    before = learner.store.all()
+    shard = shard_origins(before[-1])
+    assert shard == {(0, o) for o in range(6)}
+
+    # The re-read reaches the trainer one record at a time: the buffer has enough for an update after two.
+    drain = TrajectoryReader.drain
+    monkeypatch.setattr(TrajectoryReader, "drain", lambda reader, max_entries=None: drain(reader, 1))
+    again = started(cfg)
+    running = Running(again)
+    running.wait_for("a checkpoint after the restart", lambda: len(again.store.all()) > len(before))
+    running.finish()
+    after = again.store.all()[len(before) :]
+    assert [shard_origins(c) for c in after] == [shard] * len(after)
+    assert sorted(held(again)) == sorted(held(learner))
+
+
+def test_replayed_episodes_stay_in_the_shard_across_restarts(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    source = learner_config()
+    ensure_run_topics(source)
+    tokenizer = AutoTokenizer.from_pretrained(source.model.base)
+    replayed = sim_events(tokenizer, 4, seed=31)
+    produce(source, replayed)
+    cfg = learner_config()
+    learner = Learner(cfg)
+    try:
+        learner.start(from_replay=source.run, replay_updates=1)
+        assert held(learner) == [e.episode_id for e in replayed]
+    finally:
+        learner.close()
+
+    # Restarted, the learner re-reads them from the source topic before it goes on.
+    again = started(cfg)
+    assert held(again) == [e.episode_id for e in replayed]
+    topic = TopicNames(source.run).trajectories
+    recorded = read_json(learner.store.latest() / "state.json")["replayed"]  # type: ignore[operator]
+    assert list(recorded) == [topic] and sorted(int(o) for o in recorded[topic]["0"]) == [0, 1, 2, 3]
+    online = sim_events(tokenizer, 2, seed=32)
+    produce(cfg, online)
+    running = Running(again)
+    running.wait_for("2 online episodes", lambda: again.counters.ingested == 2)
+    running.finish()
+    again.close()
+    # ... and its next checkpoint still records them, beside the run's own shard.
+    third = started(cfg)
+    running = Running(third)
+    running.wait_for("the shard re-read", lambda: len(third.buffer) == 6)
+    running.finish()
+    assert held(third) == [e.episode_id for e in [*replayed, *online]]

@@ -89,6 +89,22 @@ def test_an_action_impossible_under_its_candidates_is_removed_not_fatal(
     assert t.rejected == 1 and len(t.buffer) == 0
 
 
+def test_an_impossible_action_met_by_the_priority_refresh_is_removed_not_fatal(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    good = episodes[1:4]
+    forged = dataclasses.replace(
+        episodes[0],
+        episode_id="forged",
+        steps=(*episodes[0].steps[:-1], dataclasses.replace(episodes[0].steps[-1], token_ids=(5, 5, 5, 5))),
+    )
+    t = trainer(tiny_model_dir, [good[0], forged, *good[1:]])
+    # Whatever an update samples, the full refresh scores every held episode, the forged one included.
+    assert t.refresh_priorities() == len(good)
+    assert t.rejected == 1
+    assert [e.episode_id for _k, e in t.buffer.items()] == [e.episode_id for e in good]
+
+
 def test_critic_features_are_computed_once_per_prompt(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
     t = trainer(tiny_model_dir, episodes[:4])
     prompts = [t.step_prompt(e, i) for e in episodes[:4] for i in range(len(e))]
