@@ -6,5 +6,6 @@ pytest_plugins: list[str] = [
     "tests.fixtures.registry",
     "tests.fixtures.secured_kafka",
     "tests.fixtures.processes",
+    "tests.fixtures.netns",
     "tests.monitor.scrape",  # the `served` fixture of the roles' metrics tests
 ]
