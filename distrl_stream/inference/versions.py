@@ -263,7 +263,9 @@ class AdapterLoader:
         retired: list[int] = []
         while len(self.loaded) > self.keep_versions:
             old = self.loaded.pop(0)
-            self._post("/v1/unload_lora_adapter", {"lora_name": served_name(self.policy_id, old)})
+            # The new version is served by now: a failed unload of the oldest must not report it refused (vLLM
+            # then serves one version more until it restarts).
+            self._unload_quietly(served_name(self.policy_id, old))
             self.retiring.append((time.monotonic(), self.staged.pop(old)))
             retired.append(old)
         self.remove_retired()

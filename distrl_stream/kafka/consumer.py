@@ -373,6 +373,7 @@ def read_topic(
     until: datetime | int | None = None,
     timeout_s: float = 60.0,
     overrides: Mapping[str, Any] | None = None,
+    through_open_transactions: bool = False,
 ) -> Iterator[Message]:
     """Read a topic's records in a time range without joining any group, for replays and late readers.
 
@@ -387,13 +388,24 @@ def read_topic(
         since: start time (aware datetime, or epoch milliseconds).
         until: end time, exclusive (same forms).
         timeout_s: a bound on the whole read.
+        through_open_transactions: end at the high watermark, waiting for the transactions open at the start to
+            commit or abort, instead of at the last stable offset (where a ``read_committed`` reader's watermark is:
+            before the first open transaction), so that every record committed up to the start is read.
 
     Raises:
         KafkaClientError: the cluster did not answer, the topic does not exist, or the read did not reach the
             watermarks within ``timeout_s``.
     """
     try:
-        yield from _read_topic(kafka, topic, since=since, until=until, timeout_s=timeout_s, overrides=overrides)
+        yield from _read_topic(
+            kafka,
+            topic,
+            since=since,
+            until=until,
+            timeout_s=timeout_s,
+            overrides=overrides,
+            through_open_transactions=through_open_transactions,
+        )
     except KafkaException as exc:
         # The client's own exception (an unreachable cluster, say) becomes the typed one every caller handles.
         raise KafkaClientError(f"cannot read {topic} from {kafka.bootstrap_servers}: {exc.args[0].str()}") from None
@@ -407,6 +419,7 @@ def _read_topic(
     until: datetime | int | None,
     timeout_s: float,
     overrides: Mapping[str, Any] | None,
+    through_open_transactions: bool,
 ) -> Iterator[Message]:
     since_ms, until_ms = _epoch_ms(since), _epoch_ms(until)
     conf = client_config(
@@ -430,10 +443,7 @@ def _read_topic(
             raise KafkaClientError(
                 f"cannot read {topic}: {info.error.str() if info and info.error else 'no such topic'}"
             )
-        stop: dict[int, int] = {}
-        for p in info.partitions:
-            _low, high = client.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-            stop[p] = high
+        stop = _high_watermarks(conf, client, topic, list(info.partitions), timeout_s, through_open_transactions)
         if since_ms is None:
             starts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in stop]
         else:
@@ -476,6 +486,26 @@ def _read_topic(
             yield msg
     finally:
         client.close()
+
+
+def _high_watermarks(
+    conf: dict[str, Any],
+    client: confluent_kafka.Consumer,
+    topic: str,
+    partitions: list[int],
+    timeout_s: float,
+    through_open_transactions: bool,
+) -> dict[int, int]:
+    """Partition -> end offset of a read: ``client``'s watermark (its isolation level's), or the high watermark."""
+    probe = client
+    if through_open_transactions:
+        # librdkafka answers a read_committed client with the last stable offset: ask as a read_uncommitted one.
+        probe = build_client(confluent_kafka.Consumer, {**conf, "isolation.level": "read_uncommitted"}, "consumer")
+    try:
+        return {p: probe.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)[1] for p in partitions}
+    finally:
+        if probe is not client:
+            probe.close()
 
 
 def _epoch_ms(value: datetime | int | None) -> int | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Iterator
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException, Message
@@ -29,9 +30,13 @@ from distrl_stream.kafka.producer import Producer
 
 log = logging.getLogger(__name__)
 
-# A flush that meets another holder of the id (or a broker blip) takes the id over and tries again this often.
-_COMMIT_ATTEMPTS = 5
-# Seconds. A reader of the DLQ waits at an open transaction; a killed writer's is aborted after this long.
+# A commit that meets another holder of the id (or a broker blip) takes the id over and tries once more.
+_COMMIT_ATTEMPTS = 2
+# A writer whose commit failed (the cluster is unreachable) is tried again by later sends after this long, doubling:
+# each try can block its caller (a learner's reader thread) for a few timeouts.
+_RETRY_BACKOFF_S = 1.0
+_RETRY_BACKOFF_MAX_S = 60.0
+# A reader of the DLQ waits at an open transaction; a killed writer's is aborted after this long.
 _TRANSACTION_TIMEOUT_MS = 10_000
 
 
@@ -67,10 +72,9 @@ class DeadLetterQueue:
         """Dead-letter ``msg`` (raw key and value kept byte for byte) unless the DLQ already holds it.
 
         Returns:
-            The dead letter written, or None when the record was already dead-lettered.
-
-        Raises:
-            KafkaClientError: the letter could not be committed within ``timeout_s``.
+            The dead letter written (or pending: a letter that could not be committed now, the cluster being
+            unreachable, is committed by a later send or :meth:`flush`), or None when the record was already
+            dead-lettered.
         """
         ts_type, ts_ms = msg.timestamp()
         letter = DeadLetter(
@@ -151,18 +155,25 @@ class DeadLetterQueue:
         with self._lock:
             for writer in self._writers.values():
                 try:
-                    writer.commit(_COMMIT_ATTEMPTS)
+                    writer.commit(1)
                 except KafkaClientError as exc:
                     log.error("%s: %d dead letters lost: %s", self.topic, len(writer.pending), exc)
                 writer.close()
             self._writers.clear()
 
     def _commit_now(self, writer: _PartitionWriter) -> None:
-        # Two tries: a commit that finds another reader holding the id takes it back once. A role reading records
-        # must ride out a broker outage: what still fails is committed by a later send or flush.
+        # A role reading records must ride out a broker outage: what fails is committed by a later send or flush,
+        # and a failing writer is not tried again before its backoff ends (each try can block for a few timeouts).
+        now = time.monotonic()
+        if now < writer.retry_at:
+            return
         try:
-            writer.commit(2)
+            writer.commit(_COMMIT_ATTEMPTS)
+            writer.backoff_s = _RETRY_BACKOFF_S
+            writer.retry_at = 0.0
         except KafkaClientError as exc:
+            writer.retry_at = now + writer.backoff_s
+            writer.backoff_s = min(writer.backoff_s * 2, _RETRY_BACKOFF_MAX_S)
             log.warning("%d dead letters of %s not committed yet: %s", len(writer.pending), writer.source, exc)
 
 
@@ -179,6 +190,8 @@ class _PartitionWriter:
         self.producer: Producer | None = None
         self.in_transaction = False
         self.failure: BaseException | None = None  # the producer was fenced or failed: take the id over again
+        self.retry_at = 0.0  # monotonic time before which sends do not try a failed commit again
+        self.backoff_s = _RETRY_BACKOFF_S
         try:
             self._take_over()
         except KafkaClientError as exc:
@@ -206,6 +219,8 @@ class _PartitionWriter:
             KafkaClientError: still not committed after ``attempts`` tries; the letters stay pending.
         """
         for _ in range(attempts):
+            if not self.pending:
+                return
             try:
                 if self.failure is not None:
                     log.info(
@@ -267,11 +282,12 @@ class _PartitionWriter:
             self.producer.client.init_transactions(queue.timeout_s)
         except KafkaException as exc:
             raise KafkaClientError(f"cannot take {self.transactional_id} over: {_describe(exc)}") from None
-        # After init_transactions every earlier holder's transaction is committed or aborted: the read is complete.
+        # After init_transactions every earlier holder of this id has committed or aborted; the read waits for other
+        # partitions' writers' open transactions too (a letter of ours may be committed behind one of them).
         prefix = self.source.encode()
         self.known = {
             key
-            for m in read_topic(queue.kafka, queue.topic, timeout_s=queue.timeout_s)
+            for m in read_topic(queue.kafka, queue.topic, timeout_s=queue.timeout_s, through_open_transactions=True)
             if (key := m.key()) is not None and key.startswith(prefix)
         }
         self.failure = None

@@ -35,7 +35,7 @@ from enum import StrEnum
 
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config
-from distrl_stream.errors import EventDecodeError, KafkaClientError, LearnerError, TrajectoryError
+from distrl_stream.errors import DeliveryError, EventDecodeError, KafkaClientError, LearnerError, TrajectoryError
 from distrl_stream.events import Termination, TrajectoryEvent, default_serde
 from distrl_stream.kafka import OFFSET_BEGINNING, Message, TopicPartition
 from distrl_stream.kafka.consumer import Consumer
@@ -317,6 +317,15 @@ class TrajectoryReader(BackgroundFollower):
                 # Checkpoint commits only show progress to lag tools; hand-over commits are the ones that matter.
                 log.warning("learner %s: %s", self.member_id, exc)
 
+    def _let_go(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
+        """Stop using ``partitions``: their queued entries are dropped (whoever continues reads them again); returns
+        where that is (:meth:`_handover`). Under the lock."""
+        self._assigned -= partitions
+        kept = [e for e in self._queue if e.partition not in partitions]
+        self._queue.clear()
+        self._queue.extend(kept)
+        return self._handover(partitions)
+
     def _handover(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
         """Where the next owner of ``partitions`` continues (a rebuild in progress continues too); under the lock."""
         offsets, metadata = {}, {}
@@ -332,8 +341,19 @@ class TrajectoryReader(BackgroundFollower):
         committed = consumer.committed(self.topics.trajectories, [tp.partition for tp in partitions])
         shard = [tp.partition for tp in partitions if tp.partition in self._shard_from]
         # A shard's records that retention has deleted never come back: its re-read starts at the log's start.
-        kept_from = {p: low for p, (low, _high) in consumer.watermarks(self.topics.trajectories, shard).items()}
+        try:
+            kept_from = {p: low for p, (low, _high) in consumer.watermarks(self.topics.trajectories, shard).items()}
+        except KafkaClientError as exc:
+            log.warning("learner %s: log starts of %s unknown (%s): re-read from the shard", self.member_id, shard, exc)
+            kept_from = {}
         with self._cond:
+            # Partitions lost earlier that this assignment does not bring back belong to another member now.
+            gone = set(self._resume) - {tp.partition for tp in partitions}
+            for p in gone:
+                del self._resume[p]
+                self._positions.pop(p, None)
+                self._rebuild_until.pop(p, None)
+                self._rebuild_pos.pop(p, None)
             for tp in partitions:
                 p = tp.partition
                 offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
@@ -369,12 +389,8 @@ class TrajectoryReader(BackgroundFollower):
             )
         lost = {tp.partition for tp in partitions}
         with self._cond:
-            self._assigned -= lost
-            kept = [e for e in self._queue if e.partition not in lost]
-            self._queue.clear()
-            self._queue.extend(kept)
             # A hand-over to itself: queued entries not yet used are read again when the partitions come back.
-            offsets, metadata = self._handover(lost)
+            offsets, metadata = self._let_go(lost)
             self._resume.update({p: (offsets[p], metadata[p]) for p in offsets})
         log.warning(
             "learner %s lost partitions %s (session timed out, cut off from the cluster?); it continues where it "
@@ -386,16 +402,19 @@ class TrajectoryReader(BackgroundFollower):
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
         with self._cond:
-            self._assigned -= revoked
-            kept = [e for e in self._queue if e.partition not in revoked]
-            self._queue.clear()
-            self._queue.extend(kept)
-            offsets, metadata = self._handover(revoked)
+            offsets, metadata = self._let_go(revoked)
             for p in revoked:
                 self._positions.pop(p, None)
                 self._rebuild_until.pop(p, None)
                 self._rebuild_pos.pop(p, None)
         if offsets:
+            # A committed offset means "handled or dead-lettered": the letters below it first (best effort).
+            dead_letters = self._dead_letters
+            if dead_letters is not None:
+                try:
+                    dead_letters.flush()
+                except DeliveryError as exc:
+                    log.warning("learner %s: dead letters lost at the hand-over: %s", self.member_id, exc)
             # The next owner continues exactly after what this member used. A failed hand-over is fatal: the
             # group restarts from its checkpoint rather than let the next owner guess.
             consumer.commit_offsets(self.topics.trajectories, offsets, metadata)

@@ -160,3 +160,32 @@ def test_a_record_every_reader_of_a_shared_topic_sees_is_dead_lettered_once(
         (0, "inference-watcher-b"),
         (1, "inference-watcher-a"),
     ]
+
+
+def test_a_take_over_waits_for_another_partitions_open_transaction_to_see_what_lies_behind_it(
+    run_config: Config, run_topics: TopicNames
+) -> None:
+    """A read_committed reader's watermark stops before the first open transaction: a take-over that stopped there
+    would miss its own partition's letters committed behind it, and write them again. Here the open transaction is
+    never ended by its writer, so the take-over waits until the coordinator aborts it (the transaction timeout)."""
+    with Producer(run_config.kafka) as producer:
+        for partition in (0, 1):
+            producer.produce(run_topics.trajectories, b"poison", key=b"k", partition=partition)
+        producer.flush()
+    by_partition = {m.partition(): m for m in read_topic(run_config.kafka, run_topics.trajectories)}
+    error = EventDecodeError("bad magic byte")
+    other = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/1")
+    first = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
+    restarted = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
+    try:
+        with other.batch():
+            assert other.send(by_partition[1], error) is not None  # an open transaction, first on the DLQ
+            assert first.send(by_partition[0], error) is not None  # committed behind it
+            assert restarted.send(by_partition[0], error) is None  # found, once the open transaction is aborted
+        # The aborted writer takes its id over again at its commit and sends its letter once more.
+        assert other.pending == 0 and (other.count, restarted.duplicates) == (1, 1)
+    finally:
+        for queue in (other, first, restarted):
+            queue.close()
+    letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
+    assert sorted((letter.partition, letter.consumer) for letter in letters) == [(0, "learner/0"), (1, "learner/1")]

@@ -1,0 +1,82 @@
+"""Where the trajectory reader continues when partitions come and go (rebalance callbacks; no services): a lone
+member's partitions lost to a session time-out resume where it stopped, a group member's are fatal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import pytest
+from confluent_kafka import TopicPartition
+
+from distrl_stream.config import load_config
+from distrl_stream.errors import LearnerError
+from distrl_stream.learner.ingest import Entry, EntryKind, TrajectoryReader
+
+TOPIC = "run.trajectories"
+
+
+class StandInConsumer:
+    """The calls the rebalance callbacks make, with what the group last committed."""
+
+    def __init__(self, committed: Mapping[int, tuple[int, str]] | None = None) -> None:
+        self._committed = dict(committed or {})
+        self.assigned: list[tuple[int, int]] = []
+
+    def committed(self, _topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, str]]:
+        return {p: self._committed[p] for p in partitions if p in self._committed}
+
+    def watermarks(self, _topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
+        return {p: (0, 100) for p in partitions}
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.assigned = sorted((tp.partition, tp.offset) for tp in partitions)
+
+
+def _reader(solo: bool, start: Mapping[int, int]) -> TrajectoryReader:
+    return TrajectoryReader(load_config(run="run"), "0", start, generation="g1", solo=solo)
+
+
+def _use(reader: TrajectoryReader, partition: int, offsets: Iterable[int]) -> None:
+    for offset in offsets:
+        assert reader.accept(Entry(partition, offset, f"e{offset}", EntryKind.EPISODE))
+
+
+def _tps(*partitions: int) -> list[TopicPartition]:
+    return [TopicPartition(TOPIC, p) for p in partitions]
+
+
+def test_a_lone_member_continues_where_it_stopped_when_its_lost_partitions_come_back() -> None:
+    reader = _reader(solo=True, start={0: 5, 1: 3})
+    consumer = StandInConsumer(committed={0: (5, "g0"), 1: (3, "g0")})  # a checkpoint's commit, of an older start
+    reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, 5), (1, 3)]
+    _use(reader, 0, range(5, 9))
+    _use(reader, 1, range(3, 4))
+
+    reader._on_lost(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    assert not reader.accept(Entry(0, 9, "late", EntryKind.EPISODE))  # nothing of a lost partition is used
+    reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    # Not the committed checkpoint offsets (5, 3): the episodes used since would be ingested twice.
+    assert consumer.assigned == [(0, 9), (1, 4)]
+    assert reader.positions() == {0: 9, 1: 4}
+
+
+def test_a_lost_partition_another_member_got_is_forgotten() -> None:
+    reader = _reader(solo=True, start={0: 5, 1: 3})
+    consumer = StandInConsumer()
+    reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    _use(reader, 1, range(3, 6))
+    reader._on_lost(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, 5)]
+    assert reader.positions() == {0: 5}  # partition 1 is no longer this member's to checkpoint
+    reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, 5), (1, 3)]  # back from the checkpoint, not from the forgotten position
+
+
+def test_a_group_member_that_lost_its_partitions_fails_for_a_restart_from_the_checkpoint() -> None:
+    reader = _reader(solo=False, start={0: 5})
+    consumer = StandInConsumer()
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    with pytest.raises(LearnerError, match=r"lost partitions \[0\].*restarts from its checkpoint"):
+        reader._on_lost(consumer, _tps(0))  # type: ignore[arg-type]
