@@ -67,6 +67,10 @@ class DeadLetterQueue:
         self._writers: dict[tuple[str, int], _PartitionWriter] = {}
         self._batch_depth = 0
         self._lock = threading.RLock()  # a learner sends from its reader thread and flushes from its trainer's
+        # After a failed commit (the cluster unreachable: every writer fails alike), sends wait this long before
+        # trying again, doubling: each try can block its caller (a learner's reader thread) for a few timeouts.
+        self._retry_at = 0.0
+        self._backoff_s = _RETRY_BACKOFF_S
 
     def send(self, msg: Message, error: BaseException) -> DeadLetter | None:
         """Dead-letter ``msg`` (raw key and value kept byte for byte) unless the DLQ already holds it.
@@ -124,7 +128,8 @@ class DeadLetterQueue:
                 self._batch_depth -= 1
                 if self._batch_depth == 0:
                     for writer in self._writers.values():
-                        self._commit_now(writer)
+                        if writer.pending:
+                            self._commit_now(writer)
 
     def flush(self) -> None:
         """Commit every letter sent so far (before a consumer commits or checkpoints past their records).
@@ -136,9 +141,17 @@ class DeadLetterQueue:
         lost, errors = 0, []
         with self._lock:
             for writer in self._writers.values():
+                if not writer.pending:
+                    continue
+                # While the cluster is known to be unreachable, trying would block the caller for nothing.
+                if time.monotonic() < self._retry_at:
+                    lost += writer.give_up()
+                    errors.append(f"{writer.source}: the cluster was unreachable")
+                    continue
                 try:
                     writer.commit(_COMMIT_ATTEMPTS)
                 except KafkaClientError as exc:
+                    self._back_off()
                     lost += writer.give_up()
                     errors.append(str(exc))
         if lost:
@@ -155,7 +168,8 @@ class DeadLetterQueue:
         with self._lock:
             for writer in self._writers.values():
                 try:
-                    writer.commit(1)
+                    if time.monotonic() >= self._retry_at:
+                        writer.commit(1)
                 except KafkaClientError as exc:
                     log.error("%s: %d dead letters lost: %s", self.topic, len(writer.pending), exc)
                 writer.close()
@@ -164,17 +178,26 @@ class DeadLetterQueue:
     def _commit_now(self, writer: _PartitionWriter) -> None:
         # A role reading records must ride out a broker outage: what fails is committed by a later send or flush,
         # and a failing writer is not tried again before its backoff ends (each try can block for a few timeouts).
-        now = time.monotonic()
-        if now < writer.retry_at:
+        if time.monotonic() < self._retry_at:
             return
         try:
             writer.commit(_COMMIT_ATTEMPTS)
-            writer.backoff_s = _RETRY_BACKOFF_S
-            writer.retry_at = 0.0
+            self._retry_at, self._backoff_s = 0.0, _RETRY_BACKOFF_S
         except KafkaClientError as exc:
-            writer.retry_at = now + writer.backoff_s
-            writer.backoff_s = min(writer.backoff_s * 2, _RETRY_BACKOFF_MAX_S)
+            self._back_off()
             log.warning("%d dead letters of %s not committed yet: %s", len(writer.pending), writer.source, exc)
+
+    def _back_off(self) -> None:
+        self._retry_at = time.monotonic() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, _RETRY_BACKOFF_MAX_S)
+
+    def _settle(self, taking_over: _PartitionWriter) -> None:
+        """Commit the other writers' open transactions before ``taking_over`` reads the DLQ: the read waits for every
+        open transaction, and this thread would otherwise wait for its own until the coordinator aborts it."""
+        for writer in self._writers.values():
+            if writer is not taking_over and writer.in_transaction and writer.failure is None:
+                with contextlib.suppress(KafkaClientError):
+                    writer.commit(1)
 
 
 class _PartitionWriter:
@@ -189,13 +212,9 @@ class _PartitionWriter:
         self.known: set[bytes] = set()
         self.producer: Producer | None = None
         self.in_transaction = False
-        self.failure: BaseException | None = None  # the producer was fenced or failed: take the id over again
-        self.retry_at = 0.0  # monotonic time before which sends do not try a failed commit again
-        self.backoff_s = _RETRY_BACKOFF_S
-        try:
-            self._take_over()
-        except KafkaClientError as exc:
-            self.failure = exc
+        # Why the id must be taken (over) before the next commit: not yet, or the producer was fenced or failed.
+        # Taken at the first commit, so a batch's first letters wait for the read of what the DLQ holds.
+        self.failure: BaseException | None = KafkaClientError("not taken over yet")
 
     def add(self, letter: DeadLetter) -> bool:
         """Queue ``letter`` in the open transaction; False if the DLQ already holds its record."""
@@ -229,6 +248,7 @@ class _PartitionWriter:
                         _describe(self.failure),
                         self.transactional_id,
                     )
+                    self.queue._settle(self)
                     self._take_over()
                     there = [letter for letter in self.pending if event_key(letter) in self.known]
                     # Another reader committed these meanwhile: they were duplicates, not letters of this queue.
@@ -285,9 +305,11 @@ class _PartitionWriter:
         # After init_transactions every earlier holder of this id has committed or aborted; the read waits for other
         # partitions' writers' open transactions too (a letter of ours may be committed behind one of them).
         prefix = self.source.encode()
+        # Long enough for a killed writer's open transaction to be aborted (its timeout, then the coordinator's check).
+        read_s = max(queue.timeout_s, _transaction_timeout_ms(queue.kafka) / 1000 + 15.0)
         self.known = {
             key
-            for m in read_topic(queue.kafka, queue.topic, timeout_s=queue.timeout_s, through_open_transactions=True)
+            for m in read_topic(queue.kafka, queue.topic, timeout_s=read_s, through_open_transactions=True)
             if (key := m.key()) is not None and key.startswith(prefix)
         }
         self.failure = None
@@ -307,12 +329,12 @@ def _transactional(kafka: KafkaConfig, transactional_id: str) -> dict[str, str |
     """A DLQ writer's producer settings: its id, and a short transaction timeout, because a reader of the DLQ (a
     take-over, the monitor) waits at an open transaction, and the coordinator aborts a killed writer's open one only
     after this long."""
-    message_timeout_ms = int(kafka.client_properties().get("message.timeout.ms", 0))
-    return {
-        "transactional.id": transactional_id,
-        # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
-        "transaction.timeout.ms": max(_TRANSACTION_TIMEOUT_MS, message_timeout_ms),
-    }
+    return {"transactional.id": transactional_id, "transaction.timeout.ms": _transaction_timeout_ms(kafka)}
+
+
+def _transaction_timeout_ms(kafka: KafkaConfig) -> int:
+    # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
+    return max(_TRANSACTION_TIMEOUT_MS, int(kafka.client_properties().get("message.timeout.ms", 0)))
 
 
 def _describe(exc: BaseException | None) -> str:

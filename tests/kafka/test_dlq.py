@@ -127,8 +127,7 @@ def test_records_read_again_after_a_restart_are_dead_lettered_once(run_config: C
     # The restarted reader re-reads everything past its checkpoint: the first two are on the DLQ already.
     again = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
     try:
-        with again.batch():
-            sent = [again.send(msg, error) for msg in messages]
+        sent = [again.send(msg, error) for msg in messages]  # each committed (or found) as it is sent
         assert [letter is not None for letter in sent] == [False, False, True]
         assert (again.count, again.duplicates) == (1, 2)
     finally:
@@ -141,24 +140,27 @@ def test_a_record_every_reader_of_a_shared_topic_sees_is_dead_lettered_once(
 ) -> None:
     """Two readers of one record (two policy servers on {run}.weights): the one that takes the partition over
     fences the other, whose open transaction is aborted; its commit then finds the letter there and adds nothing."""
-    msg, later = _poison_messages(run_config, run_topics, 2)
+    early, msg, later = _poison_messages(run_config, run_topics, 3)
     error = EventDecodeError("bad magic byte")
     server_a = DeadLetterQueue(run_config.kafka, run_topics.dlq, "inference-watcher-a")
     server_b = DeadLetterQueue(run_config.kafka, run_topics.dlq, "inference-watcher-b")
     try:
+        assert server_a.send(early, error) is not None  # A holds the partition's id
         with server_a.batch():
             assert server_a.send(msg, error) is not None  # in A's open transaction, not committed yet
             assert server_b.send(msg, error) is not None  # B fences A (aborting it) and commits its own
         assert server_a.pending == 0 and server_b.pending == 0
+        assert (server_a.count, server_a.duplicates) == (1, 1)
         assert server_a.send(later, error) is not None
-        assert server_b.send(later, error) is None  # committed by A: B skips it
+        assert server_b.send(later, error) is None  # committed by A: B, fenced, takes over and skips it
     finally:
         server_a.close()
         server_b.close()
     letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
     assert sorted((letter.offset, letter.consumer) for letter in letters) == [
-        (0, "inference-watcher-b"),
-        (1, "inference-watcher-a"),
+        (0, "inference-watcher-a"),
+        (1, "inference-watcher-b"),
+        (2, "inference-watcher-a"),
     ]
 
 
@@ -169,23 +171,30 @@ def test_a_take_over_waits_for_another_partitions_open_transaction_to_see_what_l
     would miss its own partition's letters committed behind it, and write them again. Here the open transaction is
     never ended by its writer, so the take-over waits until the coordinator aborts it (the transaction timeout)."""
     with Producer(run_config.kafka) as producer:
-        for partition in (0, 1):
+        for partition in (0, 0, 1, 1):
             producer.produce(run_topics.trajectories, b"poison", key=b"k", partition=partition)
         producer.flush()
-    by_partition = {m.partition(): m for m in read_topic(run_config.kafka, run_topics.trajectories)}
+    records = sorted(read_topic(run_config.kafka, run_topics.trajectories), key=lambda m: (m.partition(), m.offset()))
+    (p0_first, p0_second), (p1_first, p1_second) = records[:2], records[2:]
     error = EventDecodeError("bad magic byte")
     other = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/1")
     first = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
     restarted = DeadLetterQueue(run_config.kafka, run_topics.dlq, "learner/0")
     try:
+        assert other.send(p1_first, error) is not None and first.send(p0_first, error) is not None  # ids taken
         with other.batch():
-            assert other.send(by_partition[1], error) is not None  # an open transaction, first on the DLQ
-            assert first.send(by_partition[0], error) is not None  # committed behind it
-            assert restarted.send(by_partition[0], error) is None  # found, once the open transaction is aborted
+            assert other.send(p1_second, error) is not None  # an open transaction on the DLQ
+            assert first.send(p0_second, error) is not None  # committed behind it
+            assert restarted.send(p0_second, error) is None  # found, once the open transaction is aborted
         # The aborted writer takes its id over again at its commit and sends its letter once more.
-        assert other.pending == 0 and (other.count, restarted.duplicates) == (1, 1)
+        assert other.pending == 0 and (other.count, restarted.duplicates) == (2, 1)
     finally:
         for queue in (other, first, restarted):
             queue.close()
     letters = [decode(m.value(), expect=DeadLetter) for m in read_topic(run_config.kafka, run_topics.dlq)]
-    assert sorted((letter.partition, letter.consumer) for letter in letters) == [(0, "learner/0"), (1, "learner/1")]
+    assert sorted((letter.partition, letter.offset, letter.consumer) for letter in letters) == [
+        (0, 0, "learner/0"),
+        (0, 1, "learner/0"),
+        (1, 0, "learner/1"),
+        (1, 1, "learner/1"),
+    ]
