@@ -41,11 +41,13 @@ from tests.monitor.scrape import scrape, value
 class FakeLoraServer:
     """vLLM's ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``: each call is recorded as ``(path's last
     part, lora_name)``; a load answers the next of ``load_statuses`` (200 once they run out), an unload 200 for a
-    loaded name and 404 otherwise, as vLLM does. ``hold``: a load of that name waits until :meth:`release`."""
+    loaded name and 404 otherwise, as vLLM does, or ``unload_status`` when set. ``hold``: a load of that name waits
+    until :meth:`release`."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
         self.load_statuses: list[int] = []
+        self.unload_status: int | None = None
         self.loaded: set[str] = set()
         self.hold: str | None = None
         self.held = threading.Event()
@@ -59,8 +61,10 @@ class FakeLoraServer:
                 fake.calls.append((action, name))
                 if action == "unload_lora_adapter":
                     found = name in fake.loaded
-                    fake.loaded.discard(name)
-                    self.send_json(200 if found else 404, {"error": {"message": f"{name} not found"}})
+                    status = fake.unload_status or (200 if found else 404)
+                    if status == 200:
+                        fake.loaded.discard(name)
+                    self.send_json(status, {"error": {"message": f"{name}: answered {status}"}})
                     return
                 if name == fake.hold:
                     fake.held.set()
@@ -192,6 +196,18 @@ def test_a_retried_load_reuses_the_verified_copy_and_frees_the_name_first(
         ("unload_lora_adapter", "policy-v1"),
         ("load_lora_adapter", "policy-v1"),
     ]
+
+
+def test_a_failed_unload_of_the_retired_version_does_not_fail_the_new_ones_load(
+    lora_server: FakeLoraServer, adapter: Path, tmp_path: Path
+) -> None:
+    loader = AdapterLoader(lora_server.url, "policy", 1, tmp_path / "staging", timeout_s=10, retired_grace_s=0)
+    assert loader.load(_event(1, adapter)) is not None
+    lora_server.unload_status = 500
+    report = loader.load(_event(2, adapter))  # served by now: it must not be reported refused or retried
+    assert report is not None and report.retired == (1,)
+    assert loader.loaded == [2] and loader.newest == 2
+    assert not any(path.name.startswith("policy-v1") for path in (tmp_path / "staging").iterdir())  # copy removed
 
 
 def test_an_abandoned_version_is_unloaded_and_its_copy_outlives_the_grace_period_only(
