@@ -225,6 +225,9 @@ class LocalStack:
         self.server: ChildProcess | None = None
         self.learner: ChildProcess | None = None
         self.collectors: list[ChildProcess] = []
+        # Every child, recorded before it starts: a SIGTERM to `up` between a child's start and its assignment above
+        # must not leave that child running.
+        self._spawned: list[ChildProcess] = []
         self.server_url = ""
         self.started_at: float | None = None
         self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> {"version", "success", "tasks"}
@@ -376,6 +379,7 @@ class LocalStack:
         argv = [sys.executable, "-m", "distrl_stream.cli", *args[:1], *config, *args[1:]]
         child_env = {**os.environ, **self.child_env, **(env or {})}
         child = ChildProcess(name, argv, child_env, self.logs_dir / f"{name}.log")
+        self._spawned.append(child)
         child.start()
         log.info("%s started (pid %s), log %s", name, child.pid, child.log_path)
         return child
@@ -420,12 +424,15 @@ class LocalStack:
             stage("vLLM server", "start")
             codes[self.server.name] = self.server.stop(self.cfg.inference.stop_timeout_s + 15.0)
             stage("vLLM server", "done")
+        for child in self._spawned:
+            if child.name not in codes:  # started, but `up` was stopped before it could keep it
+                codes[child.name] = child.stop(self.cfg.inference.stop_timeout_s + 15.0)
         self.prometheus.close()
         return codes
 
     def kill(self) -> None:
         """SIGKILL every child that is still running, with its descendants (the last resort; idempotent)."""
-        for child in self.children():
+        for child in self._spawned:
             if child.running():
                 child.terminate()
                 child.stop(0.0)

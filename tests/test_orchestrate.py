@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from distrl_stream.cli.up_ui import process_table
@@ -168,3 +169,17 @@ def test_two_roles_in_one_process_keep_their_own_registries(served: list[RoleMet
     assert value(first, "distrl_up_uptime_seconds") is None
     assert value(second, "distrl_up_uptime_seconds", run="r2") == 5.0
     assert value(second, "distrl_up_process_running") is None
+
+
+def test_a_child_started_but_not_yet_kept_is_stopped_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM to `up` right after a child started, before `up` kept it as its server (the exception unwinds
+    past the assignment): stop() must stop it all the same."""
+    sleeper = tmp_path / "sleeper"
+    sleeper.write_text("#!/bin/sh\nexec sleep 300\n")
+    sleeper.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(sleeper))  # what _spawn runs: a stand-in that just waits
+    stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
+    child = stack._spawn("serve", ["serve", "--watch"])  # not assigned to stack.server, as if interrupted here
+    assert child.running() and stack.server is None
+    codes = stack.stop()
+    assert "serve" in codes and not child.running()
