@@ -67,10 +67,11 @@ def build_client(factory: Any, conf: dict[str, Any], what: str) -> Any:
     try:
         return factory(conf)
     except (KafkaException, ValueError, TypeError) as exc:
-        raise KafkaClientError(f"invalid {what} configuration: {_message(exc)}") from None
+        raise KafkaClientError(f"invalid {what} configuration: {error_text(exc)}") from None
 
 
-def _message(exc: BaseException) -> str:
+def error_text(exc: BaseException) -> str:
+    """A client error's own message: librdkafka's text for a ``KafkaException``, else ``str(exc)``."""
     if isinstance(exc, KafkaException) and exc.args:
         return exc.args[0].str()
     return str(exc)

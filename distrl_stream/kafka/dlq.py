@@ -25,6 +25,7 @@ from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException, Message
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import DeliveryError, EventDecodeError, KafkaClientError, TrajectoryError
 from distrl_stream.events import DeadLetter, event_key, from_epoch_ms, utc_now
+from distrl_stream.kafka.client import error_text
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
 
@@ -245,17 +246,17 @@ class _PartitionWriter:
                     log.info(
                         "dead letters of %s: %s; taking %s over",
                         self.source,
-                        _describe(self.failure),
+                        error_text(self.failure),
                         self.transactional_id,
                     )
                     self.queue._settle(self)
                     self._take_over()
-                    there = [letter for letter in self.pending if event_key(letter) in self.known]
-                    # Another reader committed these meanwhile: they were duplicates, not letters of this queue.
+                    # Another reader committed some meanwhile: they were duplicates, not letters of this queue.
+                    there = {key for letter in self.pending if (key := event_key(letter)) in self.known}
                     self.queue.count -= len(there)
                     self.queue.duplicates += len(there)
-                    self.dropped.update(event_key(letter) for letter in there)
-                    self.pending = [letter for letter in self.pending if event_key(letter) not in self.known]
+                    self.dropped |= there
+                    self.pending = [letter for letter in self.pending if event_key(letter) not in there]
                     self.known.update(event_key(letter) for letter in self.pending)
                     self._produce(self.pending)
                 if not self.pending:
@@ -269,7 +270,7 @@ class _PartitionWriter:
                 self.failure = exc
         raise KafkaClientError(
             f"cannot commit {len(self.pending)} dead letters of {self.source} to {self.queue.topic}: "
-            f"{_describe(self.failure)}"
+            f"{error_text(self.failure)}"
         )
 
     def give_up(self) -> int:
@@ -301,7 +302,7 @@ class _PartitionWriter:
         try:
             self.producer.client.init_transactions(queue.timeout_s)
         except KafkaException as exc:
-            raise KafkaClientError(f"cannot take {self.transactional_id} over: {_describe(exc)}") from None
+            raise KafkaClientError(f"cannot take {self.transactional_id} over: {error_text(exc)}") from None
         # After init_transactions every earlier holder of this id has committed or aborted; the read waits for other
         # partitions' writers' open transactions too (a letter of ours may be committed behind one of them).
         prefix = self.source.encode()
@@ -335,12 +336,6 @@ def _transactional(kafka: KafkaConfig, transactional_id: str) -> dict[str, str |
 def _transaction_timeout_ms(kafka: KafkaConfig) -> int:
     # librdkafka requires message.timeout.ms <= transaction.timeout.ms.
     return max(_TRANSACTION_TIMEOUT_MS, int(kafka.client_properties().get("message.timeout.ms", 0)))
-
-
-def _describe(exc: BaseException | None) -> str:
-    if isinstance(exc, KafkaException) and exc.args and hasattr(exc.args[0], "str"):
-        return exc.args[0].str()
-    return str(exc)
 
 
 def reason(error: BaseException, value: bytes | None) -> str:

@@ -326,6 +326,12 @@ class TrajectoryReader(BackgroundFollower):
         self._queue.extend(kept)
         return self._handover(partitions)
 
+    def _forget(self, partition: int) -> None:
+        """Drop where this member was in ``partition`` (another member owns it now); under the lock."""
+        self._positions.pop(partition, None)
+        self._rebuild_until.pop(partition, None)
+        self._rebuild_pos.pop(partition, None)
+
     def _handover(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
         """Where the next owner of ``partitions`` continues (a rebuild in progress continues too); under the lock."""
         offsets, metadata = {}, {}
@@ -351,9 +357,7 @@ class TrajectoryReader(BackgroundFollower):
             gone = set(self._resume) - {tp.partition for tp in partitions}
             for p in gone:
                 del self._resume[p]
-                self._positions.pop(p, None)
-                self._rebuild_until.pop(p, None)
-                self._rebuild_pos.pop(p, None)
+                self._forget(p)
             for tp in partitions:
                 p = tp.partition
                 offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
@@ -404,9 +408,7 @@ class TrajectoryReader(BackgroundFollower):
         with self._cond:
             offsets, metadata = self._let_go(revoked)
             for p in revoked:
-                self._positions.pop(p, None)
-                self._rebuild_until.pop(p, None)
-                self._rebuild_pos.pop(p, None)
+                self._forget(p)
         if offsets:
             # A committed offset means "handled or dead-lettered": the letters below it first (best effort).
             dead_letters = self._dead_letters
