@@ -15,11 +15,15 @@ app = typer.Typer(help="Build, pull and inspect policy models.", no_args_is_help
 @app.command("init")
 def init(
     directory: Annotated[Path, typer.Argument(help="Folder to write the model into (must not exist).")],
-    size: Annotated[Literal["tiny", "small"], typer.Option("--size", help="Model size: tiny | small.")] = "tiny",
+    size: Annotated[
+        Literal["tiny", "small", "tiny-vl"],
+        typer.Option("--size", help="Model size: tiny | small | tiny-vl (a vision-language model)."),
+    ] = "tiny",
     seed: Annotated[int, typer.Option("--seed", help="Seed of the weight initialisation.")] = 0,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing folder.")] = False,
 ) -> None:
-    """Build a Qwen2 policy and its byte-level BPE tokenizer locally (no download); transformers and vLLM load it."""
+    """Build a policy locally (no download): a Qwen2 model, or for tiny-vl an Idefics3 vision-language model, with
+    its byte-level BPE tokenizer; transformers and vLLM load it."""
     # torch and transformers load only when a model is built, so `--help` stays fast.
     from distrl_stream.policy.model import build_model, count_parameters
 

@@ -200,25 +200,50 @@ def export(
     start_offset: StartOffsetOption = None,
     end_offset: EndOffsetOption = None,
     timeout: TimeoutOption = 600.0,
+    images: Annotated[
+        bool,
+        typer.Option(
+            "--images",
+            help="Also draw a contact sheet of each episode that has screenshots, into a folder beside OUTPUT "
+            "named after it (runs/x.parquet: runs/x.images/EPISODE_ID.png): the screenshots left to right, each "
+            "captioned with its step, reward and action. A screenshot that is missing or altered becomes a grey "
+            "tile saying why.",
+        ),
+    ] = False,
 ) -> None:
     """Write the selected trajectories to Parquet or JSON Lines (written as they are read; replaced atomically)."""
-    from distrl_stream.analysis.export import export_format, export_trajectories
+    from distrl_stream.analysis.export import (
+        SheetCounts,
+        export_format,
+        export_trajectories,
+        images_folder,
+        write_contact_sheets,
+    )
 
     cfg = _config(config, run, bootstrap)
     selection = _selection(since, until, partition, start_offset, end_offset)
     chosen = run_command(export_format, output, fmt)
     counts = ReadCounts()
+    sheets = SheetCounts()
+    folder = images_folder(output)
 
     def write() -> int:
         with progress_bar(f"exporting {cfg.run}.trajectories") as update:
             records = read_trajectories(
                 cfg.kafka, cfg.run, selection, counts=counts, progress=update, timeout_s=timeout
             )
+            if images:
+                records = write_contact_sheets(records, folder, sheets)
             return export_trajectories(records, output, per=per, fmt=chosen)
 
     rows = run_command(write)
     _warn_undecodable(counts)
     typer.echo(f"{output}: {rows} rows ({per} per row, {chosen}) from {counts.selected} trajectories")
+    if images:
+        typer.echo(
+            f"{folder}: {sheets.episodes} contact sheets of {sheets.steps} steps, "
+            f"{sheets.unreadable} screenshots missing or altered"
+        )
 
 
 @app.command("report")

@@ -367,10 +367,18 @@ class ModelConfig(Section):
         "name of a known pretrained model (`distrl-stream model list`, e.g. smollm2-135m-instruct), pulled into "
         "data_dir/models/<name> on first use. None: build the local model of `size` into data_dir/models/<size>.",
     )
-    size: Literal["tiny", "small"] = Field(
-        "tiny", description="Local model to build when `base` is None: tiny ≈0.33M params, small ≈10M."
+    size: Literal["tiny", "small", "tiny-vl"] = Field(
+        "tiny",
+        description="Local model to build when `base` is None: tiny ≈0.33M params, small ≈10M, tiny-vl a ≈0.7M "
+        "vision-language model (Idefics3) whose policy reads each screen's screenshot.",
     )
     seed: int = Field(0, description="Seed of the local model's initialisation (same seed, same files).")
+    modality: Literal["auto", "text", "vision"] = Field(
+        "auto",
+        description="What the policy reads: text (the screen as text), or vision (the screenshot with the text; the "
+        "base must be a vision-language model, and collectors capture screenshots whatever env.screenshots says). "
+        "auto: vision when the base folder's config has a vision tower (docs/design.md §6.1).",
+    )
     lora_rank: int = Field(8, ge=1, description="LoRA rank r; the server is started with --max-lora-rank r.")
     lora_alpha: int = Field(16, ge=1, description="LoRA scaling α (peft lora_alpha).")
     lora_dropout: float = Field(
@@ -582,7 +590,11 @@ class EnvConfig(Section):
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")),
         description="chromedriver matching chrome_binary. Default: $MINIWOB_CHROMEDRIVER, then /usr/bin/chromedriver.",
     )
-    screenshots: bool = Field(False, description="Capture a PNG screenshot with every MiniWoB/Android observation.")
+    screenshots: bool = Field(
+        False,
+        description="Attach a PNG screenshot to every observation: MiniWoB and Android capture it, the simulator "
+        "draws its screen.",
+    )
     adb_path: str = Field("adb", description="The adb executable (a name on PATH or a path).")
     adb_serial: str | None = Field(None, description="Device serial for adb -s (None: the only device attached).")
     adb_timeout_s: float = Field(30.0, gt=0.0, description="Timeout of one adb command.")

@@ -166,6 +166,10 @@ class JudgeError(DistrlError):
     """The task-completion judge could not give a verdict (unreachable, timed out, or answered nonsense)."""
 
 
+class ScreenshotError(DistrlError):
+    """A step's screenshot cannot be read back: missing, unreadable, or not the bytes its sha256 names."""
+
+
 class ActionConstraintError(DistrlError):
     """An action's tokens are impossible under the choice constraint they were said to be sampled with."""
 

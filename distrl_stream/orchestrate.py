@@ -101,11 +101,19 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
 UP_EVAL_TASKS = 40
 
 
-def up_profile(cfg: Config, *, pretrained: bool = False) -> dict[str, dict[str, Any]]:
-    """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base) whose fields
-    ``cfg`` leaves at their library defaults."""
+# A vision policy's chat prompt with its screenshot is ~420 tokens on the sim (488 at most measured), ~820 with every
+# field at its cap: the model's own limit (docs/policy.md).
+VISION_MAX_MODEL_LEN = 1024
+
+
+def up_profile(cfg: Config, *, pretrained: bool = False, vision: bool = False) -> dict[str, dict[str, Any]]:
+    """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base; for a ``vision``
+    policy with :data:`VISION_MAX_MODEL_LEN`) whose fields ``cfg`` leaves at their library defaults."""
     out: dict[str, dict[str, Any]] = {}
-    for section, values in (PRETRAINED_UP_PROFILE if pretrained else UP_PROFILE).items():
+    profile = PRETRAINED_UP_PROFILE if pretrained else UP_PROFILE
+    if vision:
+        profile = {**profile, "inference": {**profile.get("inference", {}), "max_model_len": VISION_MAX_MODEL_LEN}}
+    for section, values in profile.items():
         current = getattr(cfg, section)
         fields = type(current).model_fields
         kept = {

@@ -19,7 +19,7 @@ from rich.console import Console
 from distrl_stream.cli.up_ui import process_table
 from distrl_stream.config import load_config
 from distrl_stream.monitor.prometheus import RoleMetrics
-from distrl_stream.orchestrate import LocalStack, UpMetrics, UpOptions, up_profile
+from distrl_stream.orchestrate import VISION_MAX_MODEL_LEN, LocalStack, UpMetrics, UpOptions, up_profile
 from distrl_stream.processes import ChildProcess, descendants
 from tests.monitor.scrape import scrape, serve, value
 
@@ -158,6 +158,11 @@ def test_up_profile_fills_only_the_fields_left_at_their_defaults(tmp_path: Path)
     assert "updates_per_version" not in profile["learner"] and profile["learner"]["threads"] == 1
     assert "env" not in profile  # the user's templates stay
     assert profile["collector"] == {"envs": 4, "samples_per_insert": 2.0}
+    assert "max_model_len" not in profile.get("inference", {})
+    # A vision policy's prompt holds its screenshot's tokens: the longer context, unless the user chose one.
+    assert up_profile(cfg, vision=True)["inference"]["max_model_len"] == VISION_MAX_MODEL_LEN
+    chosen = load_config(None, data_dir=tmp_path, inference={"max_model_len": 700})
+    assert "max_model_len" not in up_profile(chosen, vision=True).get("inference", {})
 
 
 def test_two_roles_in_one_process_keep_their_own_registries(served: list[RoleMetrics]) -> None:

@@ -2,13 +2,16 @@
 
 Rows are written in batches as they are read, so an export of a long run never holds the run in memory. Both formats
 have the same columns (:data:`EPISODE_SCHEMA`, :data:`STEP_SCHEMA`); times are UTC (Parquet ``timestamp[ms, UTC]``,
-JSONL ISO 8601 strings), per-token tensors become lists.
+JSONL ISO 8601 strings), per-token tensors become lists. With images, each episode that has screenshots also gets a
+contact sheet (:func:`write_contact_sheets`).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal
 
@@ -16,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from distrl_stream.analysis.contact_sheet import contact_sheet
 from distrl_stream.analysis.replay import TrajectoryRecord
 from distrl_stream.errors import ConfigError
 
@@ -24,6 +28,8 @@ ExportFormat = Literal["parquet", "jsonl"]
 
 _TS = pa.timestamp("ms", tz="UTC")
 _BATCH_ROWS = 512
+# What may not appear in a contact sheet's file name, which comes from a record's episode id.
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 _EPISODE_KEYS: list[tuple[str, pa.DataType]] = [
     ("run", pa.string()),
@@ -195,6 +201,50 @@ def export_trajectories(
     finally:
         partial.unlink(missing_ok=True)
     return written
+
+
+@dataclass
+class SheetCounts:
+    """What :func:`write_contact_sheets` drew.
+
+    Attributes:
+        episodes: contact sheets written (episodes with at least one screenshot).
+        steps: tiles on them (steps with a screenshot).
+        unreadable: tiles that are placeholders: the screenshot was missing, unreadable, altered or not an image.
+    """
+
+    episodes: int = 0
+    steps: int = 0
+    unreadable: int = 0
+
+
+def images_folder(path: Path) -> Path:
+    """Where the contact sheets of an export to ``path`` go: ``STEM.images`` beside it (``runs/x.parquet`` ->
+    ``runs/x.images``)."""
+    return path.with_name(f"{path.stem}.images")
+
+
+def write_contact_sheets(
+    records: Iterable[TrajectoryRecord], folder: Path, counts: SheetCounts
+) -> Iterator[TrajectoryRecord]:
+    """Pass ``records`` through, writing each one's contact sheet on the way (when it has screenshots).
+
+    A sheet goes to ``folder/EPISODE_ID.png`` (characters other than letters, digits, ``.``, ``_`` and ``-`` become
+    ``_``: the id comes from the topic, and must not name a path), written to a temporary name and renamed, and is
+    counted in ``counts``. A screenshot that cannot be read becomes a placeholder tile, never an error.
+    """
+    for record in records:
+        sheet = contact_sheet(record.event)
+        if sheet is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / f"{_UNSAFE.sub('_', record.event.episode_id)}.png"
+            partial = path.with_name(path.name + ".partial")
+            partial.write_bytes(sheet.png())
+            partial.replace(path)
+            counts.episodes += 1
+            counts.steps += sheet.steps
+            counts.unreadable += sheet.unreadable
+        yield record
 
 
 def _keys(record: TrajectoryRecord) -> dict[str, Any]:

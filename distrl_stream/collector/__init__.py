@@ -16,7 +16,7 @@ from distrl_stream.collector.collector import (
     default_collector_id,
     run_collector,
 )
-from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
+from distrl_stream.collector.episode import EpisodeOutcome, run_episode
 from distrl_stream.collector.published import PublishedVersions
 from distrl_stream.collector.stats import CollectorStats, percentile
 
@@ -26,7 +26,6 @@ __all__ = [
     "CollectorStats",
     "EpisodeOutcome",
     "PublishedVersions",
-    "ScreenshotStore",
     "default_collector_id",
     "percentile",
     "run_collector",

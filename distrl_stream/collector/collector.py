@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from distrl_stream.collector.episode import EpisodeOutcome, ScreenshotStore, run_episode
+from distrl_stream.collector.episode import EpisodeOutcome, policy_env, run_episode
 from distrl_stream.collector.metrics import CollectorMetrics
 from distrl_stream.collector.published import PublishedVersions
 from distrl_stream.collector.ratelimit import InsertLimiter
@@ -41,6 +41,7 @@ from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, make_sampler
 from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
 from distrl_stream.events import MetricEvent, Step, Termination, TrajectoryEvent, utc_now
+from distrl_stream.events.screenshots import ScreenshotStore
 from distrl_stream.inference.client import InferenceClient
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
@@ -137,7 +138,9 @@ class Collector:
         self.mode = cfg.inference.mode
         self.stats = CollectorStats()
         self._sampler = sampler
-        self._env_factory = env_factory or (lambda: make_env(cfg.env))
+        self._prompter = load_prompter(cfg)
+        env_cfg = policy_env(cfg.env, self._prompter)
+        self._env_factory = env_factory or (lambda: make_env(env_cfg))
         self._stop_requested = asyncio.Event()
         self._abandon_now = asyncio.Event()
         self._stop_reason = ""
@@ -148,7 +151,6 @@ class Collector:
         self._screenshots = ScreenshotStore(cfg.run_dir / "screenshots" / self.collector_id)
         self._producer: Producer | None = None
         self._client: InferenceClient | None = None
-        self._prompter = load_prompter(cfg)
         self._published: PublishedVersions | None = None
         self._limiter: InsertLimiter | None = None
         self._limit_checked_at = -math.inf

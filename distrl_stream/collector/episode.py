@@ -8,22 +8,21 @@ prompt (the run's :class:`~distrl_stream.policy.prompt.Prompter` on ``event.inst
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
+from distrl_stream.config import EnvConfig
 from distrl_stream.envs.base import DeviceEnv, Observation, Task
 from distrl_stream.events import Step, Tensor, Termination, TrajectoryEvent, utc_now
+from distrl_stream.events.screenshots import ScreenshotStore
 from distrl_stream.inference.client import ActionResult, Mode
-from distrl_stream.policy.prompt import Prompter
+from distrl_stream.policy.prompt import Prompt, Prompter
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +32,14 @@ class Policy(Protocol):
     (:class:`~distrl_stream.testing.scripted.ScriptedPolicy`)."""
 
     async def act(
-        self, prompt: str, candidates: Sequence[str] | None = None, *, mode: Mode = "choice"
+        self, prompt: Prompt, candidates: Sequence[str] | None = None, *, mode: Mode = "choice"
     ) -> ActionResult: ...
+
+
+def policy_env(section: EnvConfig, prompter: Prompter) -> EnvConfig:
+    """The environment settings episodes run with: a vision policy's environments capture a screenshot of every
+    screen (its prompt needs one), whatever ``env.screenshots`` says."""
+    return section.model_copy(update={"screenshots": True}) if prompter.vision else section
 
 
 @dataclass(frozen=True)
@@ -100,31 +105,6 @@ class EpisodeOutcome:
         )
 
 
-class ScreenshotStore:
-    """Claim check for screenshots: PNG bytes go to ``folder/<sha256>.png``; steps carry the URI and the digest.
-
-    Args:
-        folder: where the files go (created on first use). Identical screens are stored once.
-    """
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    async def put(self, png: bytes) -> tuple[str, str]:
-        """Store ``png`` (off the event loop) and return ``(file URI, hex sha256)``."""
-        digest = hashlib.sha256(png).hexdigest()
-        path = self.folder / f"{digest}.png"
-        if not path.exists():
-            await asyncio.to_thread(self._write, path, png)
-        return path.resolve().as_uri(), digest
-
-    def _write(self, path: Path, png: bytes) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{id(png)}.tmp")
-        tmp.write_bytes(png)
-        tmp.replace(path)  # readers never see half a file
-
-
 StepCallback = Callable[[Step], None]
 
 
@@ -158,7 +138,8 @@ async def run_episode(
         on_step: called with each recorded step (metrics).
         screenshots: where observation screenshots go; None records none.
         prompter: the base model's prompt format (:func:`~distrl_stream.policy.model_dir.load_prompter`); None: the
-            raw format of the local tiny models.
+            raw format of the local tiny models. A vision policy's prompt takes the observation's screenshot
+            (environments built from :func:`policy_env` capture one).
     """
     prompter = prompter or Prompter()
     started_at = utc_now()
@@ -188,9 +169,10 @@ async def run_episode(
         try:
             candidates = env.candidates(observation) if mode == "choice" else []
             screenshot = await _screenshot(observation, screenshots)
+            # A vision policy's prompt holds the screenshot (an observation without one is the environment's error).
+            prompt = prompter(instruction, observation.screen, previous, candidates, screenshot=observation.screenshot)
         except Exception as exc:
             return end(Termination.ENV_ERROR, _describe("observe", exc))
-        prompt = prompter(instruction, observation.screen, previous, candidates)
         try:
             action = await policy.act(prompt, candidates or None, mode="choice" if candidates else "free")
         except Exception as exc:  # InferenceError, or a malformed answer the client did not anticipate

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrl_stream.collector.episode import Policy, run_episode
+from distrl_stream.collector.episode import Policy, policy_env, run_episode
 from distrl_stream.config import Config
 from distrl_stream.envs.base import DeviceEnv, Task
 from distrl_stream.envs.factory import make_env
@@ -121,6 +121,7 @@ async def evaluate_policy(
         queue.put_nowait(task)
     outcomes = []
     prompter = prompter or load_prompter(cfg)
+    env_cfg = policy_env(cfg.env, prompter)
 
     async def worker(env: DeviceEnv) -> None:
         try:
@@ -132,11 +133,11 @@ async def evaluate_policy(
                 outcomes.append(outcome)
                 if outcome.termination is Termination.ENV_ERROR:
                     await env.close()
-                    env = make_env(cfg.env)
+                    env = make_env(env_cfg)
         finally:
             await env.close()
 
-    await asyncio.gather(*(worker(make_env(cfg.env)) for _ in range(max(1, min(concurrency, len(tasks))))))
+    await asyncio.gather(*(worker(make_env(env_cfg)) for _ in range(max(1, min(concurrency, len(tasks))))))
     by_template: dict[str, tuple[int, int]] = {}
     for o in outcomes:
         won, ran = by_template.get(o.task.template, (0, 0))

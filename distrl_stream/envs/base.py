@@ -72,7 +72,8 @@ class Observation:
         instruction: the task in natural language.
         screen: text rendering of the screen: its title (``Settings``), then one numbered line per element.
         elements: the elements behind that text, for adapters and validators.
-        screenshot: PNG bytes when the environment captures them (MiniWoB and Android can; the simulator has none).
+        screenshot: PNG bytes when screenshots are on: MiniWoB and Android capture them, the simulator draws its
+            screen (``envs/sim/render.py``).
     """
 
     instruction: str

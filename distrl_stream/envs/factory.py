@@ -19,7 +19,7 @@ def make_env(section: EnvConfig) -> DeviceEnv:
         latency = None
         if section.latency == "lognormal":
             latency = LatencyModel(section.latency_mean_s, section.latency_sigma, section.latency_task_spread)
-        env = SimEnv(latency=latency, seed=section.seed)
+        env = SimEnv(latency=latency, seed=section.seed, screenshots=section.screenshots)
     elif section.kind == "miniwob":
         from distrl_stream.envs.miniwob import MiniWoBEnv
 

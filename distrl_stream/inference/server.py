@@ -5,6 +5,7 @@ through ``/v1/load_lora_adapter``), with ``--logprobs-mode processed_logprobs`` 
 the structured-output mask: the behaviour policy μ the learner must reproduce), and with the model's own
 generation defaults ignored (``--generation-config vllm``: a Qwen instruct model's top_p/top_k/repetition penalty
 would otherwise change μ behind the learner's back). The base model is served as ``<policy_id>-v0``.
+A vision-language model is served with at most one image per prompt (the step's screenshot).
 
 The child is a :class:`~distrl_stream.processes.ChildProcess`: stopping it signals its whole process group, so vLLM's
 engine-core and worker processes never outlive :meth:`InferenceServer.stop`.
@@ -12,6 +13,7 @@ engine-core and worker processes never outlive :meth:`InferenceServer.stop`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -27,6 +29,7 @@ from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
 from distrl_stream.inference.client import auth_headers, served_name
 from distrl_stream.policy.model_dir import resolve_model_dir
+from distrl_stream.policy.vision import is_vision_model
 from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail
 
 log = logging.getLogger(__name__)
@@ -138,6 +141,9 @@ class InferenceServer:
             "--gpu-memory-utilization",
             _CPU_MEMORY_UTILIZATION if self.device == "cpu" else str(inf.gpu_memory_utilization),
         ]
+        if is_vision_model(self.model_dir):
+            # One screenshot per prompt, the step's: vLLM refuses a request with more.
+            args += ["--limit-mm-per-prompt", json.dumps({"image": 1})]
         return args + list(inf.extra_args)
 
     def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -21,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distrl_stream.policy.logprobs import decoder_states
+from distrl_stream.policy.logprobs import Encoder, decoder_states, encode_prompts, text_config
+from distrl_stream.policy.prompt import ImagePrompt, Prompt
 
 
 class ValueHead(nn.Module):
@@ -86,8 +87,8 @@ class TrajectoryCritic(ValueHead):
 @torch.no_grad()
 def prompt_features(
     model: Any,
-    tokenizer: Any,
-    prompts: Sequence[str],
+    tokenizer: Encoder,
+    prompts: Sequence[Prompt],
     *,
     batch_size: int = 32,
     max_length: int = 512,
@@ -97,12 +98,14 @@ def prompt_features(
     Works for a plain transformers causal LM and for a peft model (its adapter is disabled for the pass, so the
     features come from the base weights). Prompts are tokenised exactly as the tokenizer does by default, one by one,
     left-truncated to ``max_length`` (the last token is the one that matters) and right-padded per batch, so a
-    prompt's feature does not depend on what it is batched with.
+    prompt's feature does not depend on what it is batched with. A vision policy's image prompts run with their
+    image, so the feature of a step includes what its screenshot shows; they are never truncated.
 
     Args:
-        model: transformers causal LM (its decoder is run, not its output head) or a peft wrapper of one.
-        tokenizer: its tokenizer.
-        prompts: the prompt texts.
+        model: transformers causal LM (its decoder is run, not its output head), a vision-language model, or a peft
+            wrapper of one.
+        tokenizer: its tokenizer (a vision policy's processor).
+        prompts: the prompts (text, or :class:`~distrl_stream.policy.prompt.ImagePrompt`).
         batch_size: prompts per forward pass.
         max_length: most tokens kept per prompt.
 
@@ -117,7 +120,13 @@ def prompt_features(
     try:
         with adapter_off, torch.no_grad():
             for start in range(0, len(prompts), batch_size):
-                encoded = [tokenizer(p)["input_ids"][-max_length:] for p in prompts[start : start + batch_size]]
+                batch = prompts[start : start + batch_size]
+                inputs = encode_prompts(tokenizer, batch)
+                # An image prompt is kept whole: cutting it could cut image tokens off their pixels.
+                encoded = [
+                    ids if isinstance(p, ImagePrompt) else ids[-max_length:]
+                    for p, ids in zip(batch, inputs.input_ids, strict=True)
+                ]
                 if not all(encoded):
                     raise ValueError(f"a prompt in {list(prompts[start : start + batch_size])!r} has no tokens")
                 width = max(len(ids) for ids in encoded)
@@ -128,11 +137,13 @@ def prompt_features(
                     attention[i, : len(ids)] = 1
                 positions = (attention.cumsum(-1) - 1).clamp(min=0)
                 # The decoder alone: the output head's [b, width, vocabulary] logits would be thrown away.
-                hidden = decoder_states(model, input_ids.to(device), attention.to(device), positions.to(device))
+                hidden = decoder_states(
+                    model, input_ids.to(device), attention.to(device), positions.to(device), inputs.images_to(device)
+                )
                 last = attention.sum(dim=1) - 1
                 rows.append(hidden[torch.arange(len(encoded), device=device), last.to(device)].float().cpu())
     finally:
         model.train(was_training)
     if not rows:
-        return torch.zeros(0, model.config.hidden_size)
+        return torch.zeros(0, text_config(model).hidden_size)
     return torch.cat(rows)

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from distrl_stream.errors import ActionConstraintError, TrajectoryError
+from distrl_stream.errors import ActionConstraintError, ScreenshotError, TrajectoryError
 from distrl_stream.events import Tensor as WireTensor
 from distrl_stream.events import Termination, TrajectoryEvent
+from distrl_stream.events.screenshots import read_screenshot
 
 # The choice-mode check log π is computed under (``ChoiceConstraint.allowed``): given a step's candidates and action
 # tokens, it raises ActionConstraintError when the tokens are not one of the candidates' tokenisations.
@@ -43,6 +44,8 @@ class StepRecord:
         token_ids: the action's token ids.
         token_logprobs: per-token behaviour log-probs.
         policy_version: the version that produced the action (0 = base model).
+        screenshot_uri: where the screen's PNG is (claim check), when the collector captured one.
+        screenshot_sha256: its sha256; a vision policy's prompt is rebuilt from the verified image.
     """
 
     observation: str
@@ -56,6 +59,8 @@ class StepRecord:
     token_ids: tuple[int, ...]
     token_logprobs: tuple[float, ...]
     policy_version: int
+    screenshot_uri: str | None = None
+    screenshot_sha256: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +196,11 @@ def collate(episodes: Sequence[EpisodeRecord]) -> EpisodeBatch:
 
 
 def episode_from_event(
-    event: TrajectoryEvent, *, base_model: str | None = None, check_action: ActionCheck | None = None
+    event: TrajectoryEvent,
+    *,
+    base_model: str | None = None,
+    check_action: ActionCheck | None = None,
+    screenshots: bool = False,
 ) -> EpisodeRecord:
     """Convert a trajectory event into the learner's episode record.
 
@@ -205,12 +214,15 @@ def episode_from_event(
             acted by another base is refused. None: not checked.
         check_action: the learner's choice constraint (:data:`ActionCheck`); a choice-mode step whose tokens it
             refuses is refused here rather than at the first update that computes log π on it. None: not checked.
+        screenshots: the learner's policy reads screenshots: every step's is read back and verified here
+            (:func:`check_screenshots`), so a missing or altered image is refused, never trained on.
 
     Raises:
         TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
             before the last, token ids that are not a 1-D integer array, a tensor whose bytes do not match its dtype
             and shape, token log-probs that do not match the tokens one for one, a non-finite reward or log-prob,
-            another base model than ``base_model``, or choice-mode tokens ``check_action`` refuses.
+            another base model than ``base_model``, choice-mode tokens ``check_action`` refuses, or (``screenshots``)
+            a step whose screenshot is missing or not the bytes its sha256 names.
     """
     if not event.steps:
         raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
@@ -255,6 +267,8 @@ def episode_from_event(
                 token_ids=tuple(int(i) for i in ids),
                 token_logprobs=tuple(float(x) for x in token_logprobs),
                 policy_version=int(step.policy_version),
+                screenshot_uri=step.screenshot_uri,
+                screenshot_sha256=step.screenshot_sha256,
             )
         )
     episode = EpisodeRecord(
@@ -278,6 +292,11 @@ def episode_from_event(
             check_choices(episode, check_action)
         except ActionConstraintError as exc:
             raise TrajectoryError(f"{exc} (its action tokens are not one of its candidates)") from None
+    if screenshots:
+        try:
+            check_screenshots(episode)
+        except ScreenshotError as exc:
+            raise TrajectoryError(str(exc)) from None
     return episode
 
 
@@ -294,6 +313,22 @@ def check_choices(episode: EpisodeRecord, check: ActionCheck) -> None:
             check(step.candidates, step.token_ids)
         except ActionConstraintError as exc:
             raise ActionConstraintError(f"episode {episode.episode_id!r} step {t}: {exc}") from None
+
+
+def check_screenshots(episode: EpisodeRecord) -> None:
+    """Read back every step's screenshot through its claim check and verify its sha256.
+
+    Raises:
+        ScreenshotError: a step without one, or whose image is missing, unreadable or altered (named).
+    """
+    for t, step in enumerate(episode.steps):
+        where = f"episode {episode.episode_id!r} step {t}"
+        if step.screenshot_uri is None or step.screenshot_sha256 is None:
+            raise ScreenshotError(f"{where}: no screenshot for a policy that reads them")
+        try:
+            read_screenshot(step.screenshot_uri, step.screenshot_sha256)
+        except ScreenshotError as exc:
+            raise ScreenshotError(f"{where}: {exc}") from None
 
 
 def _array(tensor: WireTensor, where: str) -> np.ndarray:

@@ -388,9 +388,13 @@ class Learner:
 
     def _convert(self, event: TrajectoryEvent) -> EpisodeRecord:
         """:func:`episode_from_event` for this learner: acted by its base model, with choice-mode tokens its
-        policy's choice constraint accepts (else an update or a priority refresh could not compute log π on it)."""
+        policy's choice constraint accepts and, for a vision policy, screenshots that read back as recorded (else an
+        update or a priority refresh could not compute log π on it)."""
         return episode_from_event(
-            event, base_model=self.cfg.model.base_model_id, check_action=self.trainer.constraint.allowed
+            event,
+            base_model=self.cfg.model.base_model_id,
+            check_action=self.trainer.constraint.allowed,
+            screenshots=self.trainer.prompter.vision,
         )
 
     def _ingest(self, entries: list[Entry]) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -29,16 +30,26 @@ from typing import Any
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
 from distrl_stream.config import ALGORITHMS, Algorithm, LearnerConfig, ModelConfig
-from distrl_stream.errors import ActionConstraintError, LearnerError
+from distrl_stream.errors import ActionConstraintError, LearnerError, ScreenshotError
+from distrl_stream.events.screenshots import read_screenshot
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
-from distrl_stream.learner.records import EpisodeRecord, check_choices, collate
-from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs, check_output_head
-from distrl_stream.policy.prompt import Prompter
+from distrl_stream.learner.records import EpisodeRecord, check_choices, check_screenshots, collate
+from distrl_stream.policy.logprobs import (
+    ChoiceConstraint,
+    Encoder,
+    action_logprobs,
+    check_output_head,
+    text_config,
+    text_tokenizer,
+)
+from distrl_stream.policy.model import load_base_model
+from distrl_stream.policy.prompt import Prompt, Prompter
+from distrl_stream.policy.vision import is_vision_model, load_processor
 
 log = logging.getLogger(__name__)
 
@@ -63,20 +74,29 @@ def lora_config(model: ModelConfig, base: torch.nn.Module) -> LoraConfig:
     )
 
 
-def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str]:
+def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str] | str:
     """``model.lora_target_modules``, with ``all-linear`` as the short names of every linear layer of ``base`` but
     its output head (q/k/v/o and gate/up/down projections in Qwen2 and Llama): names, not module paths, so the
-    adapter's config reads as vLLM expects whatever the depth."""
+    adapter's config reads as vLLM expects whatever the depth.
+
+    A vision-language model's ``all-linear`` is its language tower's linear layers only, as a peft regex over module
+    paths: the vision tower shares names with it (q_proj, ...), and vLLM serves LoRA on the language model.
+    """
     if model.lora_target_modules != ["all-linear"]:
         return list(model.lora_target_modules)
     head = base.get_output_embeddings()
-    return sorted(
+    decoder = base.get_decoder()
+    tower = next((name for name, m in base.named_modules() if m is decoder), "")
+    names = sorted(
         {
             name.rsplit(".", 1)[-1]
-            for name, m in base.named_modules()
+            for name, m in (decoder if tower else base).named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head
         }
     )
+    if not tower or getattr(base.config, "vision_config", None) is None:
+        return names
+    return rf"{re.escape(tower)}\..*\.({'|'.join(names)})"
 
 
 def served_dtype(model_dir: Path, dtype: str = "auto") -> torch.dtype:
@@ -99,8 +119,9 @@ def load_policy(
     adapter: Path | None = None,
     device: torch.device | None = None,
     served: str = "auto",
-) -> tuple[PeftModel, PreTrainedTokenizerBase]:
-    """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``.
+) -> tuple[PeftModel, Encoder]:
+    """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``,
+    and what encodes its prompts: the tokenizer, or a vision-language model's processor.
 
     On the CPU the base is float32; on CUDA it is in the dtype the server serves (:func:`served_dtype`), so the
     learner's log π is computed as the behaviour's was (peft keeps the adapter's own weights in float32).
@@ -118,9 +139,9 @@ def load_policy(
             server would refuse to load its versions).
     """
     device = device or torch.device("cpu")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_processor(model_dir) if is_vision_model(model_dir) else AutoTokenizer.from_pretrained(model_dir)
     dtype = served_dtype(model_dir, served) if device.type == "cuda" else torch.float32
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device)
+    base = load_base_model(model_dir, dtype).to(device)
     if adapter is None:
         return get_peft_model(base, lora_config(model, base)), tokenizer
     config_file = adapter / "adapter_config.json"
@@ -144,15 +165,15 @@ class FeatureCache:
     cached feature is never stale.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, size: int) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Encoder, size: int) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.size = size
-        self._cache: OrderedDict[str, Tensor] = OrderedDict()
+        self._cache: OrderedDict[Prompt, Tensor] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def __call__(self, prompts: Sequence[str]) -> Tensor:
+    def __call__(self, prompts: Sequence[Prompt]) -> Tensor:
         """``[len(prompts), hidden]`` features, no gradient."""
         missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
         fresh = dict(zip(missing, prompt_features(self.model, self.tokenizer, missing), strict=True)) if missing else {}
@@ -169,7 +190,7 @@ class FeatureCache:
             self._cache[p] = row
         while len(self._cache) > self.size:
             self._cache.popitem(last=False)
-        return torch.stack(rows) if rows else torch.zeros(0, self.model.config.hidden_size)
+        return torch.stack(rows) if rows else torch.zeros(0, text_config(self.model).hidden_size)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -183,7 +204,7 @@ class Trainer:
     Args:
         cfg: the learner's hyper-parameters.
         model: the policy (:func:`load_policy`).
-        tokenizer: its tokenizer.
+        tokenizer: its tokenizer, or a vision policy's processor (:func:`load_policy`).
         buffer: the replay buffer updates sample from (the learner's; it owns and checkpoints it). Updates refresh
             its priorities and remove episodes whose actions are impossible.
         temperature: the sampling temperature the server uses (log π is recomputed with it).
@@ -195,7 +216,7 @@ class Trainer:
         self,
         cfg: LearnerConfig,
         model: PeftModel,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: Encoder,
         buffer: ReplayBuffer,
         *,
         temperature: float = 1.0,
@@ -207,7 +228,7 @@ class Trainer:
         self.tokenizer = tokenizer
         self.temperature = temperature
         torch.manual_seed(cfg.seed)
-        hidden = model.config.hidden_size
+        hidden = text_config(model).hidden_size
         self.step_critic = StepCritic(hidden, cfg.critic_hidden)
         self.traj_critic = TrajectoryCritic(hidden, cfg.critic_hidden)
         self.policy_params = [p for p in model.parameters() if p.requires_grad]
@@ -218,7 +239,8 @@ class Trainer:
         self.policy_opt = optimiser(self.policy_params, lr=cfg.policy_lr)
         self.critic_opt = optimiser(self.critic_params, lr=cfg.critic_lr)
         self.buffer = buffer
-        self.prompter = Prompter(tokenizer)
+        # A processor (not a tokenizer) is what a vision-language model encodes its prompts with.
+        self.prompter = Prompter(tokenizer, vision=tokenizer is not text_tokenizer(tokenizer))
         # Micro-batched forward passes whose backward is still to be done (policy_terms -> _step).
         self._deferred: list[tuple[Sequence[tuple[EpisodeRecord, int]], Tensor, Tensor]] = []
         check_output_head(model)
@@ -240,7 +262,7 @@ class Trainer:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.train()  # transformers checkpoints only in training mode; the policy has no dropout (lora_dropout)
         self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size)
-        self.constraint = ChoiceConstraint(tokenizer, model.config.vocab_size)
+        self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), text_config(model).vocab_size)
         self.updates = 0
         self.rejected = 0  # episodes removed because their tokens are impossible under their candidates
 
@@ -290,8 +312,8 @@ class Trainer:
             if algorithm in ("filtered_bc", "bc"):
                 return self.bc_update(version, filtered=algorithm == "filtered_bc")
             raise LearnerError(f"unknown algorithm {algorithm!r}; choose one of {ALGORITHMS}")
-        except ActionConstraintError as exc:
-            log.warning("batch has an impossible action (%s); removing the episodes that hold one", exc)
+        except (ActionConstraintError, ScreenshotError) as exc:
+            log.warning("batch has an unusable step (%s); removing the episodes that hold one", exc)
             self.policy_opt.zero_grad(set_to_none=True)
             self.critic_opt.zero_grad(set_to_none=True)
             self._reject_impossible()
@@ -499,10 +521,18 @@ class Trainer:
                 torch.autograd.backward([out for out, _ in used], [grad[i : i + size] for _, grad in used])
         self._deferred.clear()
 
-    def step_prompt(self, episode: EpisodeRecord, t: int) -> str:
-        """The prompt the policy saw at step ``t`` (the collector's, rebuilt in the base model's format)."""
+    def step_prompt(self, episode: EpisodeRecord, t: int) -> Prompt:
+        """The prompt the policy saw at step ``t`` (the collector's, rebuilt in the base model's format; a vision
+        policy's with the step's screenshot, read back through its claim check)."""
         step = episode.steps[t]
-        return self.prompter(episode.instruction, step.observation, episode.previous_actions(t), step.candidates)
+        screenshot = None
+        if self.prompter.vision:
+            if step.screenshot_uri is None or step.screenshot_sha256 is None:
+                raise ScreenshotError(f"episode {episode.episode_id!r} step {t} has no screenshot")
+            screenshot = read_screenshot(step.screenshot_uri, step.screenshot_sha256)
+        return self.prompter(
+            episode.instruction, step.observation, episode.previous_actions(t), step.candidates, screenshot=screenshot
+        )
 
     def step_features(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """Critic features of every step, flat and episode-major (``[N, hidden]``)."""
@@ -510,10 +540,11 @@ class Trainer:
 
     def bootstrap_values(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """V(s_L) after each episode's last step: the critic's value of the final observation of a truncated
-        episode that recorded one (TrajectoryEvent v2), else 0."""
+        episode that recorded one (TrajectoryEvent v2), else 0. A vision policy's critic needs the final screen's
+        screenshot, which trajectories do not record: 0 (docs/design.md §6.1)."""
         out = torch.zeros(len(episodes))
         rows = [i for i, e in enumerate(episodes) if not e.terminal and e.final_observation is not None and len(e) > 0]
-        if rows:
+        if rows and not self.prompter.vision:
             # The final screen with the full history: previous_actions(L) includes the last action.
             prompts = [
                 self.prompter(
@@ -570,9 +601,10 @@ class Trainer:
     def refresh_priorities(self) -> int:
         """Recompute every held episode's priority; returns how many were updated.
 
-        An episode whose tokens are impossible under its candidates (ingest refuses them, but a buffer may hold one
-        from before) is removed and counted in ``rejected``, and the refresh is done again without it: it must not
-        stop the learner, which would meet it again after every restart.
+        An episode whose tokens are impossible under its candidates, or (vision) whose screenshot can no longer be
+        read back as recorded (ingest refuses both, but a buffer may hold one from before, and a store can lose a
+        file) is removed and counted in ``rejected``, and the refresh is done again without it: it must not stop the
+        learner, which would meet it again after every restart.
         """
 
         def score(_keys: list[int], episodes: list[EpisodeRecord]) -> Tensor:
@@ -580,20 +612,23 @@ class Trainer:
 
         try:
             return self.buffer.refresh_all(score, batch_size=32)
-        except ActionConstraintError as exc:
-            log.warning("priority refresh met an impossible action (%s); removing the episodes that hold one", exc)
+        except (ActionConstraintError, ScreenshotError) as exc:
+            log.warning("priority refresh met an unusable step (%s); removing the episodes that hold one", exc)
             self._reject_impossible()
             return self.buffer.refresh_all(score, batch_size=32)
 
     def _reject_impossible(self) -> None:
-        """Remove every held episode whose tokens are impossible under its candidates (checked one by one)."""
+        """Remove every held episode whose tokens are impossible under its candidates or (vision) whose screenshots
+        cannot be read back as recorded (checked one by one)."""
         bad = []
         for key, episode in self.buffer.items():
             try:
                 check_choices(episode, self.constraint.allowed)
-            except ActionConstraintError as exc:
+                if self.prompter.vision:
+                    check_screenshots(episode)
+            except (ActionConstraintError, ScreenshotError) as exc:
                 bad.append(key)
-                log.warning("removing %s: its actions were not sampled under its candidates", exc)
+                log.warning("removing %s: it cannot be used for an update", exc)
         self.buffer.remove(bad)
         self.rejected += len(bad)
 

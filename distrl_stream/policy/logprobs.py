@@ -11,20 +11,29 @@ processed_logprobs``: log-softmax of the logits after temperature and after the 
   token once the text equals a whole candidate.
 
 Everything is differentiable with respect to the model's parameters; the learner backpropagates through it.
+
+A vision policy's prompts are :class:`~distrl_stream.policy.prompt.ImagePrompt`: its processor (in place of the
+tokenizer) encodes the text with the image placeholder expanded as the server expands it, and the image's pixels
+enter the forward pass, so log π(a | image, text) is what the server computed (docs/design.md §6.1).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from distrl_stream.errors import ActionConstraintError, LearnerError
+from distrl_stream.policy.prompt import ImagePrompt, Prompt
+from distrl_stream.policy.vision import decode_png
+
+# What encodes a policy's prompts: its tokenizer, or a vision policy's processor (which holds the tokenizer).
+Encoder = PreTrainedTokenizerBase | ProcessorMixin
 
 _EBNF_ESCAPES = {"\\": r"\\", '"': r"\"", "\n": r"\n", "\r": r"\r", "\t": r"\t"}
 
@@ -114,15 +123,78 @@ class ActionLogProbs:
         return self.token_logprobs.sum(-1)
 
 
-def decoder_states(model: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor) -> Tensor:
+def text_tokenizer(encoder: Encoder) -> PreTrainedTokenizerBase:
+    """The tokenizer of a tokenizer or of a processor."""
+    return getattr(encoder, "tokenizer", encoder)
+
+
+def text_config(model: torch.nn.Module) -> Any:
+    """The language model's config (vocabulary and hidden sizes), of a causal LM or of a vision-language model."""
+    return model.config.get_text_config()
+
+
+@dataclass(frozen=True)
+class EncodedPrompts:
+    """A batch of prompts as token ids, with the pixel inputs of its images.
+
+    Attributes:
+        input_ids: each prompt's token ids, as the server tokenised it (image placeholders expanded).
+        images: the processor's pixel tensors (``pixel_values``, ...) of the batch's images, in prompt order,
+            one image per :class:`ImagePrompt`; empty when no prompt has one.
+    """
+
+    input_ids: list[list[int]]
+    images: dict[str, Tensor] = field(default_factory=dict)
+
+    def images_to(self, device: torch.device) -> dict[str, Tensor]:
+        """The pixel inputs on ``device``."""
+        return {k: v.to(device) for k, v in self.images.items()}
+
+
+def encode_prompts(encoder: Encoder, prompts: Sequence[Prompt]) -> EncodedPrompts:
+    """Token ids of each prompt, and the pixel inputs of the image prompts (concatenated over the batch: the model
+    fills its image tokens with them in order)."""
+    input_ids: list[list[int]] = []
+    pixels: dict[str, list[Tensor]] = {}
+    for prompt in prompts:
+        if isinstance(prompt, ImagePrompt):
+            encoded = encoder(text=prompt.text, images=[decode_png(prompt.png)], return_tensors="pt")
+            input_ids.append(encoded["input_ids"][0].tolist())
+            for name, value in encoded.items():
+                if name.startswith("pixel_"):
+                    pixels.setdefault(name, []).append(value)
+        else:
+            input_ids.append(text_tokenizer(encoder)(prompt)["input_ids"])
+    try:
+        images = {name: torch.cat(values) for name, values in pixels.items()}
+    except RuntimeError as exc:  # images the processor sized differently cannot share a batch
+        raise LearnerError(f"the batch's images have different processed sizes: {exc}") from None
+    return EncodedPrompts(input_ids, images)
+
+
+def decoder_states(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    images: dict[str, Tensor] | None = None,
+) -> Tensor:
     """The causal LM's last hidden states ``[B, L, hidden]`` (after its final norm), without the output head.
 
     The output head is what costs at a real vocabulary (a [B, L, V] float tensor: 1.4 GB at 150k tokens for one
     batch), and the learner needs its rows for a few tokens only. Works for a transformers causal LM and for a peft
-    wrapper of one (LoRA layers are injected in place, so the decoder runs them).
+    wrapper of one (LoRA layers are injected in place, so the decoder runs them). With ``images`` (a vision-language
+    model's pixel inputs, :class:`EncodedPrompts`) the model's own multimodal body runs: it encodes the images and
+    puts their features at the image tokens before the language model.
     """
-    out = _causal_lm(model).get_decoder()(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    base = _causal_lm(model)
+    body = base.model if images else base.get_decoder()
+    out = body(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        **(images or {}),
     )
     return out.last_hidden_state
 
@@ -136,13 +208,14 @@ def output_logits(model: torch.nn.Module, hidden: Tensor, token_ids: Tensor | No
     """Logits of ``hidden`` ``[N, hidden]`` for every token (``[N, V]``) or only for ``token_ids`` (``[N, K]``): the
     same numbers as the model's own forward, computed for the rows that are needed."""
     head = _causal_lm(model).get_output_embeddings()
-    weight = head.weight[: model.config.vocab_size]
-    bias = None if head.bias is None else head.bias[: model.config.vocab_size]
+    vocab_size = text_config(model).vocab_size
+    weight = head.weight[:vocab_size]
+    bias = None if head.bias is None else head.bias[:vocab_size]
     if token_ids is not None:
         weight = weight[token_ids]
         bias = None if bias is None else bias[token_ids]
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
-    cap = getattr(model.config, "final_logit_softcapping", None)
+    cap = getattr(text_config(model), "final_logit_softcapping", None)
     return logits if not cap else torch.tanh(logits / cap) * cap
 
 
@@ -155,10 +228,11 @@ def check_output_head(model: torch.nn.Module) -> None:
     """
     if type(_causal_lm(model).get_output_embeddings()) is not torch.nn.Linear:
         raise LearnerError("the policy's output head is not a plain linear layer (LoRA on lm_head is not supported)")
-    ids = torch.arange(1, 9, device=next(model.parameters()).device).unsqueeze(0) % model.config.vocab_size
+    vocab_size = text_config(model).vocab_size
+    ids = torch.arange(1, 9, device=next(model.parameters()).device).unsqueeze(0) % vocab_size
     positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
     with torch.no_grad():
-        expected = model(input_ids=ids, use_cache=False).logits[0, :, : model.config.vocab_size].float()
+        expected = model(input_ids=ids, use_cache=False).logits[0, :, :vocab_size].float()
         got = output_logits(model, decoder_states(model, ids, torch.ones_like(ids), positions)[0])
     if not torch.allclose(got, expected, atol=1e-3 * max(1.0, float(expected.abs().max())), rtol=0):
         raise LearnerError(
@@ -169,8 +243,8 @@ def check_output_head(model: torch.nn.Module) -> None:
 
 def action_logprobs(
     model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[str],
+    tokenizer: Encoder,
+    prompts: Sequence[Prompt],
     action_token_ids: Sequence[Sequence[int]],
     candidates: Sequence[Sequence[str] | None] | None = None,
     *,
@@ -185,8 +259,8 @@ def action_logprobs(
 
     Args:
         model: a causal LM (transformers, optionally wrapped by peft) in the state to evaluate.
-        tokenizer: its tokenizer; prompts are encoded as the server encodes them (special tokens added the
-            tokenizer's way).
+        tokenizer: its tokenizer (a vision policy's processor); prompts are encoded as the server encodes them
+            (special tokens added the tokenizer's way, image placeholders expanded the processor's way).
         prompts: the prompts the server was given (:class:`distrl_stream.policy.prompt.Prompter`).
         action_token_ids: the token ids the server returned for each action, including the final stop token.
         candidates: per sample, the choice the server was asked to make (choice mode), or None (free mode);
@@ -203,11 +277,13 @@ def action_logprobs(
     if len(prompts) != len(action_token_ids) or (candidates is not None and len(candidates) != len(prompts)):
         raise ValueError("prompts, action_token_ids and candidates must have the same length")
     device = next(model.parameters()).device
-    vocab_size = model.config.vocab_size
+    vocab_size = text_config(model).vocab_size
     batch = len(prompts)
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    encoded = encode_prompts(tokenizer, prompts)
+    prompt_ids = encoded.input_ids
     width_p = max(len(p) for p in prompt_ids)
     width_a = max(max((len(a) for a in action_token_ids), default=0), 1)
+    tokenizer = text_tokenizer(tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
     # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
@@ -220,7 +296,9 @@ def action_logprobs(
         attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
     # The hidden state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
-    hidden = decoder_states(model, input_ids.to(device), attention.to(device), position_ids.to(device))
+    hidden = decoder_states(
+        model, input_ids.to(device), attention.to(device), position_ids.to(device), encoded.images_to(device)
+    )
     hidden = hidden[:, width_p - 1 : width_p - 1 + width_a]
 
     token_lp = torch.zeros((batch, width_a), device=device)

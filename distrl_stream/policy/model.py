@@ -20,10 +20,11 @@ from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config,
 from distrl_stream.artifacts import atomic_dir
 from distrl_stream.errors import ModelBuildError
 from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.policy.vision import VISION_SPECS, build_vision_model, is_vision_model
 
 EOS_TOKEN = "<|endoftext|>"
 
-ModelSize = Literal["tiny", "small"]
+ModelSize = Literal["tiny", "small", "tiny-vl"]
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def build_model(
 
     Args:
         out_dir: target folder; it must not exist unless ``overwrite``.
-        size: ``tiny`` (≈0.33M parameters), ``small`` (≈10M), or a :class:`ModelSpec` of any other shape.
+        size: ``tiny`` (≈0.33M parameters), ``small`` (≈10M), ``tiny-vl`` (a vision-language model,
+            :mod:`distrl_stream.policy.vision`), or a :class:`ModelSpec` of any other shape.
         corpus: tokenizer training texts; default :func:`default_corpus`.
         seed: seeds the weight initialisation.
         overwrite: replace an existing folder.
@@ -113,10 +115,14 @@ def build_model(
     Raises:
         ModelBuildError: unknown size, or the folder exists and ``overwrite`` is false.
     """
-    if isinstance(size, str) and size not in SPECS:
-        raise ModelBuildError(f"unknown model size {size!r}; choose one of {sorted(SPECS)}")
+    known = sorted([*SPECS, *VISION_SPECS])
+    if isinstance(size, str) and size not in known:
+        raise ModelBuildError(f"unknown model size {size!r}; choose one of {known}")
     if out_dir.exists() and not overwrite:
         raise ModelBuildError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
+    if isinstance(size, str) and size in VISION_SPECS:
+        build_vision_model(out_dir, VISION_SPECS[size], seed=seed)
+        return out_dir
     spec = SPECS[size] if isinstance(size, str) else size
     tokenizer = train_tokenizer(default_corpus() if corpus is None else corpus, spec.vocab_size)
     tokenizer.model_max_length = spec.max_positions
@@ -138,11 +144,7 @@ def build_model(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-        # LoRA never trains the (tied) embedding, and its scale bounds every logit (|logit| <= |h|·|e|, with |h| ≈
-        # sqrt(hidden) after the final norm). At the default std 0.02 a LoRA-trained tiny policy could not put more
-        # than ~0.9 on one of three tokens; unit-norm rows lift that bound while the untrained policy keeps a high
-        # entropy (logits ~ N(0, 1)).
-        torch.nn.init.normal_(model.model.embed_tokens.weight, std=spec.hidden_size**-0.5)
+        init_embeddings(model.get_input_embeddings(), spec.hidden_size)
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -152,7 +154,26 @@ def build_model(
     return out_dir
 
 
+def init_embeddings(embedding: torch.nn.Embedding, hidden_size: int) -> None:
+    """Unit-norm rows for a local model's (tied) embedding.
+
+    LoRA never trains the embedding, and its scale bounds every logit (|logit| <= |h|·|e|, with |h| ≈ sqrt(hidden)
+    after the final norm). At the default std 0.02 a LoRA-trained tiny policy could not put more than ~0.9 on one
+    of three tokens; unit-norm rows lift that bound while the untrained policy keeps a high entropy (logits ~ N(0, 1)).
+    """
+    torch.nn.init.normal_(embedding.weight, std=hidden_size**-0.5)
+
+
 def count_parameters(model_dir: Path) -> int:
     """Number of parameters of the model saved in ``model_dir`` (tied embeddings counted once)."""
-    model = Qwen2ForCausalLM.from_pretrained(model_dir)
+    model = load_base_model(model_dir)
     return sum(p.numel() for p in model.parameters())
+
+
+def load_base_model(model_dir: Path, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The model saved in ``model_dir`` with its transformers auto class: image-text-to-text for a vision-language
+    model (:func:`~distrl_stream.policy.vision.is_vision_model`), causal LM otherwise."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    auto = AutoModelForImageTextToText if is_vision_model(model_dir) else AutoModelForCausalLM
+    return auto.from_pretrained(model_dir, dtype=dtype)

@@ -9,7 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from distrl_stream.config import Config
+from distrl_stream.errors import ConfigError
 from distrl_stream.policy.prompt import Prompter
+from distrl_stream.policy.vision import VISION_SPECS, is_vision_model, load_processor
 
 
 def resolve_model_dir(cfg: Config) -> Path:
@@ -36,12 +38,31 @@ def pulled_model_dir(cfg: Config, name: str) -> Path:
     return cfg.data_dir / "models" / name
 
 
+def reads_screenshots(cfg: Config, model_dir: Path | None = None) -> bool:
+    """Whether the run's policy is a vision policy (``model.modality``; ``auto`` looks at the base folder).
+
+    Raises:
+        ConfigError: ``model.modality = "vision"`` with a base that is not a vision-language model.
+    """
+    if cfg.model.modality == "text":
+        return False
+    if cfg.model.modality == "auto" and cfg.model.base is None and cfg.model.size not in VISION_SPECS:
+        return False  # a local text model: nothing to build or read
+    vision = is_vision_model(model_dir or resolve_model_dir(cfg))
+    if cfg.model.modality == "vision" and not vision:
+        raise ConfigError("model.modality", f"vision, but the base {cfg.model.base_model_id} has no vision tower")
+    return vision
+
+
 def load_prompter(cfg: Config) -> Prompter:
     """The prompt format of the run's base model (:class:`~distrl_stream.policy.prompt.Prompter`): chat when its
-    tokenizer has a chat template. The local tiny models have none, so a run without ``model.base`` renders the raw
-    format without building or loading anything."""
-    if cfg.model.base is None:
+    tokenizer has a chat template, with the screenshot for a vision policy (:func:`reads_screenshots`). The local
+    tiny text models have no template, so such a run renders the raw format without building or loading anything."""
+    if cfg.model.base is None and cfg.model.size not in VISION_SPECS:
         return Prompter()
+    model_dir = resolve_model_dir(cfg)
+    if reads_screenshots(cfg, model_dir):
+        return Prompter(load_processor(model_dir), vision=True)
     from transformers import AutoTokenizer  # only for a base folder
 
-    return Prompter(AutoTokenizer.from_pretrained(resolve_model_dir(cfg)))
+    return Prompter(AutoTokenizer.from_pretrained(model_dir))

@@ -11,6 +11,11 @@ no global state) and of the tokenizer, versioned by :data:`PROMPT_VERSION`. Two 
 - **raw**, for the local tiny models (their tokenizers have no template): :func:`build_prompt`'s plain fields. The
   action is generated right after the trailing newline.
 
+A **vision** policy (``Prompter(tokenizer, vision=True)``) uses the chat format with the step's screenshot as the
+first part of the user's message, and its prompt is an :class:`ImagePrompt`: the messages (the collector sends them
+through vLLM's chat API, which applies the model's chat template) and that same template's text with the image
+placeholder (the learner's processor expands it as the server did), with the PNG bytes (docs/design.md §6.1).
+
 Size: the tiny model serves at most 512 tokens (prompt + action), so the observation is cut to
 ``max_observation_chars`` (the end is marked), the instruction and each previous action are cut too, and only the
 last ``max_previous`` actions are shown.
@@ -21,17 +26,23 @@ instruction as ``Observation.instruction``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # the raw format (collectors of the tiny models) never imports transformers
-    from transformers import PreTrainedTokenizerBase
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 # Bump when a format changes: a policy trained on one format is not comparable with another.
 # 2: the chat format for tokenizers with a chat template (the raw format is unchanged).
 PROMPT_VERSION = 2
 
 PromptFormat = Literal["chat", "raw"]
+
+# The image part of a user message: the chat template renders it as the model's image placeholder; the inference
+# client replaces it by the screenshot as a data URL.
+IMAGE_PART: dict[str, str] = {"type": "image"}
 
 # What a pretrained model needs to be told that the tiny ones learn from reward alone: what the screen's lines are
 # and what an action looks like. Kept short: every token of it is paid at every step.
@@ -87,11 +98,13 @@ def build_messages(
     previous_actions: Sequence[str] = (),
     candidates: Sequence[str] = (),
     *,
+    image: bool = False,
     max_observation_chars: int = MAX_OBSERVATION_CHARS,
     max_previous: int = MAX_PREVIOUS,
-) -> list[dict[str, str]]:
+) -> list[dict[str, Any]]:
     """The chat format's messages for one step: the system message, then the user's (task, screen, previous
-    actions, and the candidates when there are any). Fields are cut as in :func:`build_prompt`.
+    actions, and the candidates when there are any). Fields are cut as in :func:`build_prompt`. With ``image`` the
+    user's content is a list: :data:`IMAGE_PART` (the screenshot), then the text.
 
     Example:
         >>> messages = build_messages("Turn on wifi", "[0] switch Wi-Fi off", [], ['{"action_type":"click","index":0}'])
@@ -111,7 +124,29 @@ def build_messages(
     if candidates:
         # Listed whole: the server's grammar allows exactly these strings, so the model should see every one.
         user += "\nChoose one of these actions:\n" + "\n".join(_one_line(c) for c in candidates)
-    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    content: str | list[dict[str, str]] = [IMAGE_PART, {"type": "text", "text": user}] if image else user
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
+
+
+@dataclass(frozen=True)
+class ImagePrompt:
+    """A vision policy's prompt for one step. Equal (and hashed) by its text and the image's digest.
+
+    Attributes:
+        text: the messages rendered by the model's chat template, the image as its placeholder (what the learner's
+            processor encodes with the image).
+        png: the screenshot.
+        image_sha256: hex sha256 of ``png`` (the step's ``screenshot_sha256``).
+        messages: the chat messages (:func:`build_messages` with ``image=True``), what the server is sent.
+    """
+
+    text: str
+    png: bytes = field(repr=False, compare=False)
+    image_sha256: str
+    messages: list[dict[str, Any]] = field(repr=False, compare=False)
+
+
+Prompt = str | ImagePrompt
 
 
 class Prompter:
@@ -120,12 +155,21 @@ class Prompter:
     the same text.
 
     Args:
-        tokenizer: the policy's tokenizer; None renders the raw format (a local tiny model, whose tokenizer has no
-            template, without loading it).
+        tokenizer: the policy's tokenizer (for a vision model, its processor, which renders the same template);
+            None renders the raw format (a local tiny model, whose tokenizer has no template, without loading it).
+        vision: the policy reads the screenshot (:func:`distrl_stream.policy.vision.is_vision_model`).
+
+    Raises:
+        ValueError: ``vision`` without a chat template to put the image in.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None = None) -> None:
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase | ProcessorMixin | None = None, *, vision: bool = False
+    ) -> None:
         self._tokenizer = tokenizer if tokenizer is not None and tokenizer.chat_template else None
+        if vision and self._tokenizer is None:
+            raise ValueError("a vision policy needs a chat template (its processor's) to place the image in")
+        self.vision = vision
         self.format: PromptFormat = "chat" if self._tokenizer is not None else "raw"
 
     def __call__(
@@ -134,14 +178,25 @@ class Prompter:
         observation_text: str,
         previous_actions: Sequence[str] = (),
         candidates: Sequence[str] = (),
-    ) -> str:
-        """The prompt's text; the policy's action follows it directly."""
+        *,
+        screenshot: bytes | None = None,
+    ) -> Prompt:
+        """The prompt; the policy's action follows it directly. A vision policy's is an :class:`ImagePrompt` of
+        ``screenshot``.
+
+        Raises:
+            ValueError: a vision policy's step without a screenshot.
+        """
         if self._tokenizer is None:
             return build_prompt(instruction, observation_text, previous_actions)
-        messages = build_messages(instruction, observation_text, previous_actions, candidates)
+        messages = build_messages(instruction, observation_text, previous_actions, candidates, image=self.vision)
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert isinstance(text, str)
-        return text
+        if not self.vision:
+            return text
+        if screenshot is None:
+            raise ValueError("a vision policy's step needs its screenshot (env.screenshots)")
+        return ImagePrompt(text, screenshot, hashlib.sha256(screenshot).hexdigest(), messages)
 
 
 def _fields(

@@ -6,10 +6,14 @@ step (~20 KB of Avro), the size of one episode in docs/design.md §3.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import io
 import json
 import random
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
 
@@ -23,6 +27,7 @@ from distrl_stream.events.records import (
     WeightVersionEvent,
     utc_now,
 )
+from distrl_stream.events.screenshots import ScreenshotStore
 
 _WIDGETS = ("Button", "TextView", "EditText", "ImageButton", "CheckBox", "Switch", "ListItem", "Tab")
 # Words of typical Android settings screens: screen text compresses like the real thing, unlike random letters.
@@ -178,3 +183,23 @@ def _screen_text(rng: random.Random, chars: int) -> str:
         lines.append(line)
         size += len(line) + 1
     return "\n".join(lines)[:chars]
+
+
+def png(size: tuple[int, int], colour: tuple[int, int, int]) -> bytes:
+    """A plain PNG of one colour."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, format="PNG")
+    return out.getvalue()
+
+
+def with_screenshots(event: TrajectoryEvent, shots: list[bytes], folder: Path) -> TrajectoryEvent:
+    """``event`` with its steps' screenshots stored in ``folder`` as a collector stores them (one per step)."""
+    store = ScreenshotStore(folder)
+    checks = [asyncio.run(store.put(shot)) for shot in shots]
+    steps = [
+        dataclasses.replace(step, screenshot_uri=uri, screenshot_sha256=sha256)
+        for step, (uri, sha256) in zip(event.steps, checks, strict=True)
+    ]
+    return dataclasses.replace(event, steps=steps)

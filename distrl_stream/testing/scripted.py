@@ -16,6 +16,7 @@ from transformers import PreTrainedTokenizerBase
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.sim.oracle import OracleError
 from distrl_stream.inference.client import ActionResult
+from distrl_stream.policy.prompt import Prompt
 
 
 class ScriptedPolicy:
@@ -47,7 +48,9 @@ class ScriptedPolicy:
         self.rng = rng
         self.version = version
 
-    async def act(self, prompt: str, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> ActionResult:
+    async def act(
+        self, prompt: Prompt, candidates: Sequence[str] | None = None, *, mode: str = "choice"
+    ) -> ActionResult:
         options = list(candidates or ())
         try:
             oracle = self.env.oracle_action() if self.env is not None else None

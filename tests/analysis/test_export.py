@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -10,10 +11,20 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 
-from distrl_stream.analysis.export import EPISODE_SCHEMA, STEP_SCHEMA, export_format, export_trajectories
+from distrl_stream.analysis.export import (
+    EPISODE_SCHEMA,
+    STEP_SCHEMA,
+    SheetCounts,
+    export_format,
+    export_trajectories,
+    images_folder,
+    write_contact_sheets,
+)
 from distrl_stream.analysis.replay import TrajectoryRecord
 from distrl_stream.errors import ConfigError
+from distrl_stream.testing.samples import png, with_screenshots
 from tests.analysis.helpers import make_record
 
 
@@ -74,3 +85,21 @@ def test_a_failed_export_leaves_no_file_behind(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError):
         export_trajectories(broken(), tmp_path / "e.parquet")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_images_go_beside_the_export_one_sheet_per_episode_with_screenshots(tmp_path: Path) -> None:
+    plain, shown, unsafe = _records(3)
+    shown = dataclasses.replace(
+        shown, event=with_screenshots(shown.event, [png((64, 64), (9, 9, 9))] * 2, tmp_path / "shots")
+    )
+    # An episode id names a file: one that reads as a path stays inside the folder.
+    named = dataclasses.replace(shown.event, episode_id="../escape")
+    unsafe = dataclasses.replace(unsafe, event=named)
+    output = tmp_path / "out" / "run.parquet"
+    folder = images_folder(output)
+    assert folder == tmp_path / "out" / "run.images"
+    counts = SheetCounts()
+    assert export_trajectories(write_contact_sheets([plain, shown, unsafe], folder, counts), output) == 3
+    assert (counts.episodes, counts.steps, counts.unreadable) == (2, 4, 0)
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{shown.event.episode_id}.png", ".._escape.png"])
+    assert Image.open(folder / f"{shown.event.episode_id}.png").format == "PNG"

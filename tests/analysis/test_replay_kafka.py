@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from PIL import Image
 from typer.testing import CliRunner
 
 from distrl_stream.cli.main import app
@@ -16,7 +17,7 @@ from distrl_stream.events import encode, event_key
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
-from distrl_stream.testing.samples import sample_trajectory, sample_weight_version
+from distrl_stream.testing.samples import png, sample_trajectory, sample_weight_version, with_screenshots
 
 pytestmark = pytest.mark.kafka
 runner = CliRunner()
@@ -64,6 +65,31 @@ def test_export_rows_equal_trajectories_and_steps(run_config: Config, recorded: 
     steps = runner.invoke(app, ["replay", "export", str(tmp_path / "s.jsonl"), "--per", "step", *_flags(run_config)])
     assert steps.exit_code == 0, steps.output
     assert len((tmp_path / "s.jsonl").read_text().splitlines()) == recorded["steps"]
+
+
+def test_export_with_images_draws_a_sheet_per_episode_with_screenshots(
+    run_config: Config, run_topics: TopicNames, tmp_path: Path
+) -> None:
+    rng = random.Random(9)
+    plain = sample_trajectory(rng, run=run_config.run, steps=2)
+    shown = [
+        with_screenshots(sample_trajectory(rng, run=run_config.run, steps=3), [png((64, 64), (i, 0, 0))] * 3, tmp_path)
+        for i in range(2)
+    ]
+    altered = shown[1].steps[0].screenshot_uri
+    assert altered is not None
+    # The episode shows one screen three times, stored once: altering it spoils all three tiles.
+    Path(altered.removeprefix("file://")).write_bytes(b"replaced")
+    with Producer(run_config.kafka) as producer:
+        for event in (plain, *shown):
+            producer.produce(run_topics.trajectories, encode(event), event_key(event))
+        producer.flush()
+    result = runner.invoke(app, ["replay", "export", str(tmp_path / "x.jsonl"), "--images", *_flags(run_config)])
+    assert result.exit_code == 0, result.output
+    assert "2 contact sheets of 6 steps, 3 screenshots missing or altered" in result.stdout
+    sheets = sorted((tmp_path / "x.images").iterdir())
+    assert [p.name for p in sheets] == sorted(f"{e.episode_id}.png" for e in shown)
+    assert all(Image.open(p).format == "PNG" for p in sheets)
 
 
 def test_partition_and_offset_selection(run_config: Config, recorded: dict[str, int], tmp_path: Path) -> None:

@@ -4,6 +4,8 @@ its server pool against small HTTP servers started by the tests (least in flight
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import random
 import statistics
 import threading
@@ -19,7 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from distrl_stream.config import InferenceConfig
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
 from distrl_stream.inference.client import InferenceClient, root_sha256
-from distrl_stream.policy.prompt import build_prompt
+from distrl_stream.policy.prompt import IMAGE_PART, ImagePrompt, build_messages, build_prompt
 from distrl_stream.processes import free_port
 from distrl_stream.testing.parity import logprob_gaps
 from tests.fixtures.http import BackgroundHttpServer, JsonHandler
@@ -142,16 +144,18 @@ def test_client_module_does_not_import_torch() -> None:
 # --- the server pool, against small real HTTP servers started here -------------------------------------------------
 
 SHA = {1: "1" * 64, 2: "2" * 64}
+PROMPT_IDS = [1, 2, 3]
 
 
 class FakePolicyServer:
-    """An HTTP server speaking the two calls of vLLM's API the client uses, with a listing and a failure switch.
+    """An HTTP server speaking the calls of vLLM's API the client uses, with a listing and a failure switch.
 
     ``/v1/models`` lists ``policy-v0`` and ``policy-v<N>`` for each N of ``versions`` (rooted at
-    ``/staging/policy-v<N>-<sha256>``); ``/v1/completions`` answers the first candidate with the model asked for.
-    ``status``: the HTTP status of completions (500 simulates a failing engine); ``finish_reason``: the one it
-    answers with ("abort" simulates a server stopping mid-answer); ``answers_as``: the model its answers name (default:
-    the one asked for); ``hold``: set to make completions wait until it is cleared.
+    ``/staging/policy-v<N>-<sha256>``); ``/v1/completions`` and ``/v1/chat/completions`` answer the first candidate
+    with the model asked for, each in its own shape. ``posted``: every POST's (path, body). ``status``: the HTTP
+    status of completions (500 simulates a failing engine); ``finish_reason``: the one it answers with ("abort"
+    simulates a server stopping mid-answer); ``answers_as``: the model its answers name (default: the one asked for);
+    ``hold``: set to make completions wait until it is cleared.
     """
 
     def __init__(self, versions: Sequence[int]) -> None:
@@ -160,6 +164,7 @@ class FakePolicyServer:
         self.finish_reason = "stop"
         self.answers_as: str | None = None
         self.completions = 0
+        self.posted: list[tuple[str, Any]] = []
         self.hold = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -175,6 +180,7 @@ class FakePolicyServer:
             def do_POST(self) -> None:
                 body = self.read_json()
                 fake.completions += 1
+                fake.posted.append((self.path, body))
                 if fake.hold.is_set():
                     fake.release.wait(30)
                 if fake.status != 200:
@@ -183,13 +189,25 @@ class FakePolicyServer:
                 text = body["structured_outputs"]["choice"][0]
                 if fake.finish_reason == "abort":
                     text = text[: len(text) // 2]  # what vLLM returns for a request it aborted: a truncated answer
+                model = fake.answers_as or body["model"]
+                if self.path == "/v1/chat/completions":
+                    pieces = [{"token": "a", "logprob": -0.5}, {"token": "b", "logprob": -0.25}]
+                    choice = {
+                        "message": {"role": "assistant", "content": text},
+                        "token_ids": [5, 6],
+                        "logprobs": {"content": pieces},
+                        "finish_reason": fake.finish_reason,
+                    }
+                    self.send_json(200, {"model": model, "choices": [choice], "prompt_token_ids": PROMPT_IDS})
+                    return
                 choice = {
                     "text": text,
                     "token_ids": [5, 6],
                     "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-0.5, -0.25]},
+                    "prompt_token_ids": PROMPT_IDS,
                     "finish_reason": fake.finish_reason,
                 }
-                self.send_json(200, {"model": fake.answers_as or body["model"], "choices": [choice]})
+                self.send_json(200, {"model": model, "choices": [choice]})
 
         self.http = BackgroundHttpServer(Handler)
         self.url = self.http.url
@@ -368,3 +386,91 @@ async def test_an_answer_by_a_version_retired_meanwhile_still_records_the_adapte
         server.release_requests()
         answers = await asyncio.wait_for(asyncio.gather(first, second), 30)
     assert [(a.version, a.adapter_sha256) for a in answers] == [(1, SHA[1]), (2, SHA[2])]
+
+
+def _image_prompt() -> ImagePrompt:
+    png = b"\x89PNG\r\n\x1a\n a screenshot"
+    messages = build_messages("Turn on Wi-Fi", "[0] switch Wi-Fi off", [], CHOICES, image=True)
+    return ImagePrompt("<rendered by the chat template>", png, hashlib.sha256(png).hexdigest(), messages)
+
+
+async def test_an_image_prompt_is_sent_to_the_chat_api_with_the_screenshot_as_a_data_url(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    server = fake_servers([1])
+    prompt = _image_prompt()
+    async with InferenceClient(_pool_cfg(server)) as client:
+        result = await asyncio.wait_for(client.act(prompt, CHOICES), 30)
+    [(path, body)] = server.posted
+    assert path == "/v1/chat/completions" and "prompt" not in body
+    system, user = body["messages"]
+    assert system == prompt.messages[0]
+    image, text = user["content"]
+    assert image["type"] == "image_url"
+    url = image["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    assert base64.b64decode(url.removeprefix("data:image/png;base64,")) == prompt.png
+    assert text == prompt.messages[1]["content"][1] and "Task: Turn on Wi-Fi" in text["text"]
+    assert prompt.messages[1]["content"][0] == IMAGE_PART  # the learner's copy keeps its placeholder
+    assert {k: body[k] for k in ("logprobs", "top_logprobs", "temperature", "top_p", "top_k", "return_token_ids")} == {
+        "logprobs": True,
+        "top_logprobs": 0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "return_token_ids": True,
+    }
+    assert body["structured_outputs"] == {"choice": CHOICES}
+    assert body["max_tokens"] == max(len(c.encode()) for c in CHOICES) + 1
+    assert (result.text, result.token_ids, result.tokens, result.token_logprobs, result.logprob) == (
+        CHOICES[0],
+        (5, 6),
+        ("a", "b"),
+        (-0.5, -0.25),
+        -0.75,
+    )
+    assert (result.prompt_token_ids, result.finish_reason, result.mode) == (tuple(PROMPT_IDS), "stop", "choice")
+    assert (result.model, result.version, result.adapter_sha256) == ("policy-v1", 1, SHA[1])
+
+
+async def test_a_text_prompt_is_still_sent_to_the_completions_api(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    server = fake_servers([1])
+    async with InferenceClient(_pool_cfg(server)) as client:
+        result = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+    [(path, body)] = server.posted
+    assert path == "/v1/completions"
+    assert (body["prompt"], body["logprobs"]) == ("prompt", 0)
+    assert "messages" not in body and "top_logprobs" not in body
+    assert (result.text, result.tokens, result.logprob, result.prompt_token_ids) == (
+        CHOICES[0],
+        ("a", "b"),
+        -0.75,
+        tuple(PROMPT_IDS),
+    )
+
+
+async def test_a_chat_answer_that_cannot_be_read_raises_and_errors_name_the_chat_endpoint(
+    fake_servers: Callable[[Sequence[int]], FakePolicyServer],
+) -> None:
+    class CompletionShaped(JsonHandler):
+        """Answers a chat request in the completions API's shape: no message, no log-probs content."""
+
+        def do_POST(self) -> None:
+            body = self.read_json()
+            choice = {"text": CHOICES[0], "token_ids": [5], "logprobs": {"tokens": ["a"], "token_logprobs": [-0.5]}}
+            self.send_json(200, {"model": body["model"], "choices": [choice]})
+
+        def do_GET(self) -> None:
+            self.send_json(200, {"object": "list", "data": [{"id": "policy-v0", "root": "/models/tiny"}]})
+
+    with BackgroundHttpServer(CompletionShaped) as wrong:
+        async with InferenceClient(InferenceConfig(url=wrong.url, retries=0)) as client:
+            with pytest.raises(InferenceError, match=r"unexpected /v1/chat/completions response \(KeyError"):
+                await asyncio.wait_for(client.act(_image_prompt(), CHOICES), 30)
+    failing = fake_servers([1])
+    failing.status = 500
+    async with InferenceClient(_pool_cfg(failing)) as client:
+        with pytest.raises(InferenceUnavailableError, match="POST /v1/chat/completions failed on every server"):
+            await asyncio.wait_for(client.act(_image_prompt(), CHOICES), 30)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,17 @@ def test_gpu_command_uses_gpu_defaults(tmp_path: Path) -> None:
     server = _server(tmp_path, "gpu", gpu_memory_utilization=0.8)
     assert _flag(server.command(), "--gpu-memory-utilization") == "0.8"
     assert "VLLM_CPU_KVCACHE_SPACE" not in server.environment({})
+
+
+def test_a_vision_model_is_served_with_one_image_per_prompt_and_a_text_model_without_the_limit(
+    tmp_path: Path,
+) -> None:
+    server = _server(tmp_path, "cpu")
+    assert "--limit-mm-per-prompt" not in server.command()
+    server.model_dir.mkdir()
+    # What makes a folder a vision model's: a vision tower in its config.
+    (server.model_dir / "config.json").write_text(json.dumps({"vision_config": {"image_size": 112}}))
+    assert json.loads(_flag(server.command(), "--limit-mm-per-prompt")) == {"image": 1}
 
 
 def _processes_mentioning(text: str) -> list[int]:

@@ -4,6 +4,7 @@ learner: another base model, choice-mode tokens that are none of the step's cand
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from distrl_stream.errors import ActionConstraintError, TrajectoryError
 from distrl_stream.events import Tensor, Termination, TrajectoryEvent
 from distrl_stream.learner.records import episode_from_event
 from distrl_stream.policy.logprobs import ChoiceConstraint
-from distrl_stream.testing.samples import sample_trajectory
+from distrl_stream.testing.samples import png, sample_trajectory, with_screenshots
 from tests.learner.simdata import sim_events
 
 
@@ -143,3 +144,25 @@ def test_the_learners_choice_constraint_accepts_collected_tokens_and_refuses_oth
     )
     with pytest.raises(TrajectoryError, match=r"step 0: token \d+ at position \d+ is not allowed"):
         episode_from_event(forged, check_action=constraint.allowed)
+
+
+def test_a_vision_learner_refuses_steps_whose_screenshot_is_missing_or_altered(tmp_path: Path) -> None:
+    event = sample_trajectory(random.Random(8), steps=3, observation_chars=40, candidates=2)
+    shots = [png((32, 32), (i * 60, 0, 0)) for i in range(3)]
+    good = with_screenshots(event, shots, tmp_path / "shots")
+    episode = episode_from_event(good, screenshots=True)
+    assert [s.screenshot_sha256 for s in episode.steps] == [hashlib.sha256(b).hexdigest() for b in shots]
+    # A text learner neither needs nor reads them.
+    assert episode_from_event(event).steps[0].screenshot_uri is None
+
+    altered = tmp_path / "altered.png"
+    altered.write_bytes(shots[1] + b"x")
+    steps = list(good.steps)
+    steps[1] = dataclasses.replace(steps[1], screenshot_uri=altered.as_uri())
+    with pytest.raises(TrajectoryError, match=r"step 1: screenshot file://\S+altered.png altered: sha256"):
+        episode_from_event(dataclasses.replace(good, steps=steps), screenshots=True)
+    steps[1] = dataclasses.replace(steps[1], screenshot_uri=(tmp_path / "gone.png").as_uri())
+    with pytest.raises(TrajectoryError, match=r"step 1: screenshot file://\S+gone.png unreadable"):
+        episode_from_event(dataclasses.replace(good, steps=steps), screenshots=True)
+    with pytest.raises(TrajectoryError, match="step 0: no screenshot for a policy that reads them"):
+        episode_from_event(event, screenshots=True)

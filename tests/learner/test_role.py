@@ -4,6 +4,7 @@ restarts (the replay shard, replayed episodes, unusable episodes)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
 from distrl_stream.events import DeadLetter, Tensor, TrajectoryEvent, WeightVersionEvent, decode, encode
+from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.producer import Producer
@@ -25,6 +27,8 @@ from distrl_stream.learner.checkpoint import IngestLog, read_json
 from distrl_stream.learner.ingest import TrajectoryReader
 from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.role import Learner
+from distrl_stream.policy.model import build_model
+from distrl_stream.policy.prompt import ImagePrompt
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
 
@@ -479,3 +483,56 @@ def test_replayed_episodes_stay_in_the_shard_across_restarts(
     running.wait_for("the shard re-read", lambda: len(third.buffer) == 6)
     running.finish()
     assert held(third) == [e.episode_id for e in [*replayed, *online]]
+
+
+def test_a_vision_learner_updates_on_screenshots_and_dead_letters_a_missing_or_altered_one(
+    make_config: Callable[..., Config],
+    started: Callable[[Config], Learner],
+    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path: Path,
+) -> None:
+    base = build_model(tmp_path_factory.mktemp("models") / "tiny-vl", "tiny-vl")
+    settings = {"batch_episodes": 2, "min_buffer_episodes": 2, "updates_per_version": 2, "metrics_interval_s": 0.5}
+    cfg = make_config(model={"base": base}, learner={**settings, "priority_refresh_interval": 1})
+    learner = started(cfg)
+    assert learner.trainer.prompter.vision
+    store = ScreenshotStore(tmp_path / "screenshots")
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    good = sim_events(tokenizer, 4, seed=21, screenshots=store, base_model="tiny-vl")
+    altered, missing = sim_events(tokenizer, 2, seed=22, screenshots=store, base_model="tiny-vl")
+    # Each bad episode's first screenshot, claimed at a path of its own (the store shares identical screens).
+    first = altered.steps[0]
+    forged = tmp_path / "forged.png"
+    forged.write_bytes(read_screenshot(first.screenshot_uri, first.screenshot_sha256)[:-1] + b"\0")  # type: ignore[arg-type]
+    altered = dataclasses.replace(
+        altered, steps=[dataclasses.replace(first, screenshot_uri=forged.as_uri()), *altered.steps[1:]]
+    )
+    gone = (tmp_path / "gone.png").as_uri()
+    missing = dataclasses.replace(
+        missing, steps=[dataclasses.replace(missing.steps[0], screenshot_uri=gone), *missing.steps[1:]]
+    )
+    produce(cfg, [good[0], altered, good[1], missing, good[2], good[3]])
+    running = Running(learner)
+    running.wait_for("6 records", lambda: learner.counters.ingested + learner.counters.dead == 6)
+    running.wait_for("a version from updates on images", lambda: learner.version >= 1, timeout_s=120)
+    running.finish()
+    assert (learner.counters.ingested, learner.counters.dead) == (4, 2)
+    assert sorted(held(learner)) == sorted(e.episode_id for e in good)
+    # Updates computed on the screenshots: the critic's features are of image prompts.
+    assert learner.trainer.features.misses > 0
+    assert all(isinstance(p, ImagePrompt) for p in learner.trainer.features._cache)
+    letters = {
+        letter.offset: letter.error_message
+        for letter in (decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq))
+    }
+    assert sorted(letters) == [1, 3]
+    assert letters[1].startswith(f"impossible value: episode {altered.episode_id!r} step 0: screenshot file://")
+    assert " altered: sha256 " in letters[1]
+    assert letters[3] == (
+        f"impossible value: episode {missing.episode_id!r} step 0: screenshot {gone} unreadable: "
+        "No such file or directory"
+    )
+    # The published adapter is the language tower's LoRA (what vLLM serves on a vision-language model).
+    [event] = weight_events(cfg)[:1]
+    config = json.loads((adapter_dir(cfg, event.version) / "adapter_config.json").read_text())
+    assert config["target_modules"].startswith("model\\.text_model\\.")

@@ -1,6 +1,7 @@
-"""The simulated phone: a deterministic app/screen world with task templates, an oracle and a latency model."""
+"""The simulated phone: a deterministic app/screen world with task templates, an oracle, latency, and PNG screens."""
 
 from distrl_stream.envs.sim.env import LatencyModel, SimEnv, candidate_actions, observe, sim_corpus
+from distrl_stream.envs.sim.render import screen_png
 from distrl_stream.envs.sim.templates import TEMPLATES, field_texts, make_task, sim_tasks, solve
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "field_texts",
     "make_task",
     "observe",
+    "screen_png",
     "sim_corpus",
     "sim_tasks",
     "solve",

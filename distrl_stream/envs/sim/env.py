@@ -24,6 +24,7 @@ from distrl_stream.envs.actions import (
 from distrl_stream.envs.base import EnvBase, EnvKind, Observation, Outcome, Split, Task
 from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.sim.oracle import Op, next_action
+from distrl_stream.envs.sim.render import screen_png
 from distrl_stream.envs.sim.templates import TEMPLATES, field_texts, instantiate, iter_vocabulary, sim_tasks
 from distrl_stream.envs.sim.world import World
 from distrl_stream.errors import EnvError
@@ -66,10 +67,10 @@ class LatencyModel:
         return self.mean_s * scale * math.exp(self.sigma * rng.gauss(0.0, 1.0) - self.sigma**2 / 2)
 
 
-def observe(world: World, task: Task) -> Observation:
-    """The observation of the world's current screen."""
+def observe(world: World, task: Task, *, screenshot: bool = False) -> Observation:
+    """The observation of the world's current screen, with its PNG (:func:`screen_png`) when ``screenshot``."""
     screen, elements = world.render()
-    return Observation(task.instruction, screen, elements)
+    return Observation(task.instruction, screen, elements, screen_png(world.title(), elements) if screenshot else None)
 
 
 def candidate_actions(observation: Observation, task: Task) -> list[str]:
@@ -124,14 +125,17 @@ class SimEnv(EnvBase):
     Args:
         latency: the step-latency model; None (or ``mean_s=0``) for no latency.
         seed: seeds the latency noise (together with each task's seed); the world depends on the task alone.
+        screenshots: attach a PNG of the screen (:func:`~distrl_stream.envs.sim.render.screen_png`) to every
+            observation.
     """
 
     kind: EnvKind = "sim"
 
-    def __init__(self, latency: LatencyModel | None = None, seed: int = 0) -> None:
+    def __init__(self, latency: LatencyModel | None = None, seed: int = 0, *, screenshots: bool = False) -> None:
         super().__init__()
         self._latency = latency if latency is not None and latency.mean_s > 0 else None
         self._seed = seed
+        self._screenshots = screenshots
         self._world: World | None = None
         self._ops: list[Op] = []
         self._scale = 1.0
@@ -182,7 +186,7 @@ class SimEnv(EnvBase):
         if self._latency is not None:
             self._scale = self._latency.task_scale(task, self._seed)
             self._rng = random.Random(stable_int(f"steps:{self._seed}:{task.seed}"))
-        return observe(world, task)
+        return observe(world, task, screenshot=self._screenshots)
 
     async def _apply(self, action: Action) -> Outcome:
         world, task, shown = self.world, self.task, self._observation
@@ -196,7 +200,12 @@ class SimEnv(EnvBase):
         if not applied.valid:
             return Outcome(shown, valid=False, reason=applied.reason, extra=extra)
         success = TEMPLATES[task.template].success(world, self._params)
-        return Outcome(observe(world, task), success=success, done=applied.status is not None, extra=extra)
+        return Outcome(
+            observe(world, task, screenshot=self._screenshots),
+            success=success,
+            done=applied.status is not None,
+            extra=extra,
+        )
 
 
 def sim_corpus(n_tasks: int, split: Split = "train", random_rollouts: int = 1, seed: int = 0) -> Iterator[str]:

@@ -1,0 +1,148 @@
+"""A vision-language policy served by vLLM: a step's screenshot and chat prompt through the chat API, tokenised as the
+learner's processor tokenises them, and a LoRA version on the language tower hot-loaded and changing the answers."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from PIL import Image, ImageDraw
+from transformers import ProcessorMixin
+
+from distrl_stream.artifacts import atomic_dir, version_event
+from distrl_stream.config import ModelConfig
+from distrl_stream.inference.client import ActionResult, InferenceClient
+from distrl_stream.inference.versions import AdapterLoader
+from distrl_stream.policy.model import load_base_model
+from distrl_stream.policy.prompt import ImagePrompt, Prompter
+from distrl_stream.policy.vision import IMAGE_TOKEN, decode_png, load_processor
+from tests.fixtures.vllm import VllmService
+
+pytestmark = pytest.mark.vllm
+
+SCREEN = "Settings\n[0] switch Wi-Fi off\n[1] switch Bluetooth on"
+CANDIDATES = [
+    '{"action_type":"click","index":0}',
+    '{"action_type":"click","index":1}',
+    '{"action_type":"navigate_back"}',
+]
+SAMPLES = 16  # answers per prompt and version
+# Served in float32: the same prompt and version give the same log-prob to within this (batches sum in other orders).
+TOLERANCE = 1e-4
+# The language tower's projections, the vision tower left out: the LoRA the learner trains on a vision model.
+TEXT_TOWER = r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+
+
+def _screenshot(background: str, rows: str) -> bytes:
+    """A phone-shaped PNG with the screen's rows as filled bars."""
+    image = Image.new("RGB", (224, 448), background)
+    draw = ImageDraw.Draw(image)
+    for i in range(6):
+        draw.rectangle((10, 20 + 70 * i, 214, 70 + 70 * i), fill=rows)
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def processor(tiny_vl_server: VllmService) -> ProcessorMixin:
+    return load_processor(tiny_vl_server.model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(processor: ProcessorMixin) -> list[ImagePrompt]:
+    """The same step on a light and on a dark screenshot."""
+    prompter = Prompter(processor, vision=True)
+    screenshots = [_screenshot("white", "black"), _screenshot("navy", "orange")]
+    return [prompter("Turn on Wi-Fi", SCREEN, [], CANDIDATES, screenshot=png) for png in screenshots]  # type: ignore[misc]
+
+
+def _act(service: VllmService, prompts: Sequence[ImagePrompt]) -> list[list[ActionResult]]:
+    """``SAMPLES`` choice-mode answers to each prompt, concurrently, from the newest version served."""
+
+    async def act() -> list[ActionResult]:
+        async with InferenceClient(service.inference, service.policy_id) as client:
+            await client.refresh_versions()
+            return await asyncio.gather(
+                *(client.act(p, CANDIDATES, mode="choice") for p in prompts for _ in range(SAMPLES))
+            )
+
+    results = asyncio.run(act())
+    return [results[i : i + SAMPLES] for i in range(0, len(results), SAMPLES)]
+
+
+def _first_token_logprobs(results: Sequence[ActionResult]) -> dict[int, float]:
+    """log μ of each first token sampled. Choice mode allows the same first tokens on every request (the candidates'
+    prefixes), so a first token's log-prob depends on the model and the prompt alone; later ones also depend on how
+    the answer was spelled so far."""
+    by_token: dict[int, list[float]] = defaultdict(list)
+    for result in results:
+        by_token[result.token_ids[0]].append(result.token_logprobs[0])
+    for values in by_token.values():
+        assert max(values) - min(values) < TOLERANCE, values
+    return {token: values[0] for token, values in by_token.items()}
+
+
+def _assert_differ(a: Sequence[ActionResult], b: Sequence[ActionResult]) -> None:
+    """The first tokens sampled in both ``a`` and ``b`` got clearly different log-probs."""
+    first_a, first_b = _first_token_logprobs(a), _first_token_logprobs(b)
+    common = first_a.keys() & first_b.keys()
+    assert common, (first_a, first_b)
+    assert all(abs(first_a[t] - first_b[t]) > 100 * TOLERANCE for t in common), (first_a, first_b)
+
+
+def test_a_screenshot_prompt_is_answered_through_the_chat_api_as_the_learner_tokenises_it(
+    tiny_vl_server: VllmService, processor: ProcessorMixin, prompts: list[ImagePrompt]
+) -> None:
+    light, dark = _act(tiny_vl_server, prompts)
+    assert all(r.text in CANDIDATES and (r.version, r.finish_reason) == (0, "stop") for r in light + dark)
+    for prompt, results in zip(prompts, (light, dark), strict=True):
+        # The server rendered the messages and expanded the image as the learner's processor does.
+        expected = list(processor(text=prompt.text, images=[decode_png(prompt.png)])["input_ids"][0])
+        assert all(list(r.prompt_token_ids) == expected for r in results)
+    image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    ids = list(light[0].prompt_token_ids)
+    start = ids.index(image_id)
+    assert ids[start : start + processor.image_seq_len] == [image_id] * processor.image_seq_len
+    assert ids.count(image_id) == processor.image_seq_len == 16
+    _assert_differ(light, dark)  # the image reaches the model
+
+
+def test_a_lora_version_on_the_language_tower_is_hot_loaded_and_changes_the_answers(
+    tiny_vl_server: VllmService, prompts: list[ImagePrompt], tmp_path: Path
+) -> None:
+    base = _act(tiny_vl_server, prompts)
+    torch.manual_seed(0)
+    model = get_peft_model(
+        load_base_model(tiny_vl_server.model_dir), LoraConfig(r=8, lora_alpha=16, target_modules=TEXT_TOWER)
+    )
+    for name, parameter in model.named_parameters():
+        if "lora_B" in name:  # peft's B = 0 would leave the answers as the base model's
+            torch.nn.init.normal_(parameter, std=0.05)
+    with atomic_dir(tmp_path / "adapter") as folder:
+        model.save_pretrained(folder)
+    event = version_event(
+        ModelConfig(),
+        1,
+        tmp_path / "adapter",
+        adapter_uri=str(tmp_path / "adapter"),
+        base_fingerprint="",
+        learner_step=1,
+        trajectories_consumed=0,
+    )
+    loader = AdapterLoader(tiny_vl_server.url, tiny_vl_server.policy_id, 1, tmp_path / "staging")
+    try:
+        loader.load(event)
+        tuned = _act(tiny_vl_server, prompts)
+    finally:
+        tiny_vl_server.unload_all_adapters()
+    assert {(r.model, r.adapter_sha256) for answers in tuned for r in answers} == {("policy-v1", event.sha256)}
+    assert all(r.text in CANDIDATES for answers in tuned for r in answers)
+    for before, after in zip(base, tuned, strict=True):
+        _assert_differ(before, after)
