@@ -50,7 +50,7 @@ flat before its first and after its last point), the curve itself, the learner's
 the learner published it, from the moment the method's processes were launched.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
-[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--out FILE]`` writes ``bench/results/learning.json`` and
+[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--out FILE]`` writes ``bench/results/learning.json`` and
 ``bench/results/learning.png`` (or FILE and the plot beside it).
 """
 
@@ -481,7 +481,8 @@ def plot(
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``NAME:FIELD=VALUE,…`` → (name, learner fields); values are JSON where they parse (numbers, null, true)."""
+    """``NAME:FIELD=VALUE,…`` → (name, learner fields); values are JSON where they parse (numbers, null, true).
+    ``algorithm`` is a learner field too: ``algorithm=digirl`` makes a variant of DigiRL async."""
     name, _, assignments = text.partition(":")
     settings: dict[str, Any] = {}
     for assignment in filter(None, assignments.split(",")):
@@ -518,7 +519,15 @@ def main() -> None:
         default=[],
         type=parse_variant,
         metavar="NAME:FIELD=VALUE,…",
-        help="also run A-RIDE async with these learner fields changed (repeatable; e.g. lr3e-4:policy_lr=3e-4)",
+        help="also run A-RIDE async with these learner fields changed (repeatable; e.g. lr3e-4:policy_lr=3e-4; "
+        "algorithm=digirl for DigiRL async)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the methods' learners and of their task sampling and latency; the warm start and the held-out "
+        "tasks are the same for every seed (one warm start, seeds compared on the same tasks)",
     )
     parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated sim templates")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file (the plot goes beside it, .png)")
@@ -533,7 +542,8 @@ def main() -> None:
     for name, settings in args.variant:
         if name in METHODS:  # a method's name is its run's name: two methods must never share one
             parser.error(f"--variant {name}: that name is already a method")
-        METHODS[name] = {"algorithm": "aride", "mode": "async", "learner": settings}
+        algorithm = settings.pop("algorithm", "aride")
+        METHODS[name] = {"algorithm": algorithm, "mode": "async", "learner": settings}
     methods = [m for m in args.methods.split(",") if m] + [name for name, _settings in args.variant]
     if unknown := [m for m in methods if m not in METHODS]:
         parser.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
@@ -606,6 +616,9 @@ def main() -> None:
                 warm.success_rate,
             )
 
+            # The seed moves what the methods do from here on; the warm start and the held-out tasks above stay.
+            base["learner"]["seed"] = args.seed
+            base["env"]["seed"] = args.seed
             runs = {m: train(m, base, root, server_url, budget, args.envs, learner_cores) for m in methods}
             curves = {
                 m: asyncio.run(
@@ -646,6 +659,7 @@ def main() -> None:
             "trajectories": {m: r.trajectories for m, r in runs.items()},
             "learner_updates": {m: r.learner_updates for m, r in runs.items()},
             "budget_s_per_method": budget,
+            "seed": args.seed,
             "envs": args.envs,
             "templates": templates,
             "latency": {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0},
