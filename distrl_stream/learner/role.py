@@ -151,7 +151,6 @@ class Learner:
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: trajectories of the current version since the last publish
         self._round_updates_left = 0
-        self._aged_at: int | None = None  # the version max_sample_lag last aged the buffer out at
         self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
@@ -328,7 +327,6 @@ class Learner:
                 if self._reader.failed is not None:
                     raise LearnerError(f"trajectory reader failed: {self._reader.failed}") from self._reader.failed
                 self._ingest(self._reader.drain(512))
-                self._age_out()
                 ready = self._should_update()
                 unread = sorted(self._shard_from.keys() - self._shard_rebuilt)  # the same list on every member
                 rebuilt = self._reader.rebuilt()
@@ -443,7 +441,7 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > self._admission_lag_limit():
+        if max(lags) > self.settings.drop_above_policy_lag:
             self.counters.stale += 1
             return "stale"
         try:
@@ -458,22 +456,6 @@ class Learner:
             self.prometheus.policy_lag.observe(lag)
         self.counters.ingested += 1
         return "ingested"
-
-    def _admission_lag_limit(self) -> int:
-        """The most versions an arriving episode's oldest step may be behind: ``drop_above_policy_lag``, or
-        ``max_sample_lag`` when it is tighter (such an episode could never be sampled)."""
-        drop, sample = self.settings.drop_above_policy_lag, self.settings.max_sample_lag
-        return drop if sample is None else min(drop, sample)
-
-    def _age_out(self) -> None:
-        """Remove the episodes that ``max_sample_lag`` no longer lets an update sample (once per version)."""
-        limit = self.settings.max_sample_lag
-        if limit is None or self._aged_at == self.version:
-            return
-        self._aged_at = self.version
-        # Judged like admission: on the episode's oldest step.
-        old = [k for k, e in self.buffer.items() if self.version - min(s.policy_version for s in e.steps) > limit]
-        self.counters.aged_out += len(self.buffer.remove(old))
 
     # -- updates, versions, checkpoints --------------------------------------------------------------------------
 
@@ -765,7 +747,6 @@ class Learner:
             "replay_ratio": self.replay_ratio(),
             "trajectories_ingested": float(self.counters.ingested),
             "trajectories_dropped_stale": float(self.counters.stale),
-            "trajectories_aged_out": float(self.counters.aged_out),
             "trajectories_dropped_incomplete": float(self.counters.incomplete),
             "trajectories_dead_lettered": float(self.counters.dead),
             "trajectories_rejected": float(self.counters.rejected + trainer.rejected),

@@ -356,7 +356,6 @@ class Trainer:
             cfg.entropy_coef,
             cfg.invalid_penalty,
             episode_weights=sample.is_weights,
-            trust_region=cfg.trust_region,
         )
         vl = aride.critic_loss(value_logits, v_ret, batch.mask, sample.is_weights, kind=cfg.critic_loss)
         warming_up = self.updates < cfg.critic_warmup_updates
