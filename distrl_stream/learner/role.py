@@ -75,7 +75,7 @@ from distrl_stream.learner.metrics import Counters, LearnerMetrics
 from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
-from distrl_stream.policy.model_dir import resolve_model_dir
+from distrl_stream.policy.model_dir import reads_screenshots, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,12 @@ class Learner:
             return
         torch.manual_seed(self.settings.seed)  # a fresh adapter's LoRA A matrices are drawn here: `learner.seed` too
         model, tokenizer = load_policy(
-            model_dir, self.cfg.model, self.settings.init_adapter, self.device, self.cfg.inference.dtype
+            model_dir,
+            self.cfg.model,
+            self.settings.init_adapter,
+            self.device,
+            self.cfg.inference.dtype,
+            vision=reads_screenshots(self.cfg, model_dir),
         )
         self._trainer = self._new_trainer(model, tokenizer)
         self.version = self.group.broadcast(newest_artifact_version(self.cfg))
@@ -264,7 +269,12 @@ class Learner:
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
         model, tokenizer = load_policy(
-            model_dir, self.cfg.model, checkpoint / "adapter", self.device, self.cfg.inference.dtype
+            model_dir,
+            self.cfg.model,
+            checkpoint / "adapter",
+            self.device,
+            self.cfg.inference.dtype,
+            vision=reads_screenshots(self.cfg, model_dir),
         )
         trainer = self._new_trainer(model, tokenizer)
         try:
