@@ -17,11 +17,6 @@ Ablations of A-RIDE async (the paper's Table 3 asks the same question: which par
 - **aride_no_dper**: uniform replay (``dper_alpha`` = 0: P ∝ p⁰, and every IS weight is 1);
 - **aride_no_entropy**: no entropy bonus (``entropy_coef`` = 0; A-RIDE runs the paper's β = 0.05 otherwise).
 
-And one addition, the candidate fix for A-RIDE's oscillation on long runs (docs/learner.md, "Stability"):
-
-- **aride_trust_region**: A-RIDE async with a PPO-style trust region on the policy-gradient term
-  (``trust_region`` = 0.2).
-
 Same starting policy for all (an honest warm start, the paper's off-to-on setting): a noisy scripted policy (the
 simulator's oracle, replaced by a uniformly random candidate with probability ``--noise``) plays the train tasks into
 a topic of its own; a short behaviour-cloning pass on that replayed topic (``Learner.pretrain``, the ``learn
@@ -146,7 +141,6 @@ METHODS: dict[str, dict[str, Any]] = {
     "aride_no_retrace": {"algorithm": "aride", "mode": "async", "learner": {"retrace_lambda": 0.0}},
     "aride_no_dper": {"algorithm": "aride", "mode": "async", "learner": {"dper_alpha": 0.0}},
     "aride_no_entropy": {"algorithm": "aride", "mode": "async", "learner": {"entropy_coef": 0.0}},
-    "aride_trust_region": {"algorithm": "aride", "mode": "async", "learner": {"trust_region": 0.2}},
 }
 # The plot's first panel; every other method (ablations, --variant) is drawn beside aride_async in the second.
 BASELINES = ("aride_async", "digirl_async", "filtered_bc_async", "digirl_sync")

@@ -152,8 +152,7 @@ def learner(
     trainers = {}
     gaps = {}
     for name in ARMS:
-        model, processor = load_policy(model_dir, ModelConfig())
-        encoder = processor if name == "vision" else text_tokenizer(processor)
+        model, encoder = load_policy(model_dir, ModelConfig(), vision=name == "vision")
         trainer = Trainer(cfg, model, encoder, ReplayBuffer.from_config(cfg))
         own = [episode_from_event(e, screenshots=name == "vision") for e in arms[name].events]
         gaps[name] = parity_gaps(trainer, own, PARITY_STEPS)

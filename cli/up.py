@@ -95,9 +95,9 @@ def up(
     from distrl_stream.policy.model_dir import load_prompter
 
     # A base whose tokenizer has a chat template is a pretrained model: its own profile (docs/cli.md). The local
-    # vision model has one too (for its image part), but the tiny model's size: the tiny profile.
+    # vision model (model.size tiny-vl) has one too, for its image part, but the tiny model's size: the tiny profile.
     prompter = run_command(load_prompter, cfg)
-    pretrained = prompter.format == "chat" and not prompter.vision
+    pretrained = prompter.format == "chat" and (cfg.model.base is not None or not prompter.vision)
     profile = up_profile(cfg, pretrained=pretrained, vision=prompter.vision)
     if profile:
         # Passed on like flags, so every child (and the evaluation) sees the same values.

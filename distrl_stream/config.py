@@ -165,13 +165,6 @@ class LearnerConfig(Section):
     entropy_coef: float = Field(
         0.05, ge=0.0, description="Entropy bonus β. Source: authors' code (entropy_coeff 0.05 when entropy is on)."
     )
-    trust_region: float = Field(
-        0.0,
-        ge=0.0,
-        description="A-RIDE: ε of a PPO-style trust region on the policy-gradient term: a step stops pushing its "
-        "action once ρ left [1 − ε, 1 + ε] in its advantage's direction. 0: none (the paper's loss). Source: ours "
-        "(docs/learner.md, Stability).",
-    )
     invalid_penalty: float = Field(
         0.1, ge=0.0, description="Invalid-action penalty λ_inv. Source: authors' code (lambda_penalty 0.1)."
     )
@@ -272,14 +265,6 @@ class LearnerConfig(Section):
     )
     # Arrival is not enough: an episode admitted 3 versions behind is still replayed after hundreds of updates, and
     # the policy then learns from what an old policy did (docs/learner.md, "Stability", measures what that does).
-    max_sample_lag: int | None = Field(
-        None,
-        ge=0,
-        description="Replay only recent behaviour: an episode with a step more than this many versions behind the "
-        "learner's current version leaves the buffer (counted as aged out) as soon as the version moves past it, "
-        "and is dropped on arrival if it is already that old. None: episodes stay until the buffer's capacity "
-        "evicts them. Source: ours.",
-    )
     advantage_centering: bool = Field(
         False,
         description="A-RIDE: subtract each batch's mean advantage before the policy loss (a batch baseline). "

@@ -101,17 +101,17 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
 UP_EVAL_TASKS = 40
 
 
-# A vision policy's chat prompt with its screenshot is ~420 tokens on the sim (488 at most measured), ~820 with every
-# field at its cap: the model's own limit (docs/policy.md).
+# The local vision model's chat prompt with its screenshot is ~420 tokens on the sim (under 500 in every step
+# measured), ~820 with every field at its cap: its own limit (docs/policy.md). The pretrained profile has 2048.
 VISION_MAX_MODEL_LEN = 1024
 
 
 def up_profile(cfg: Config, *, pretrained: bool = False, vision: bool = False) -> dict[str, dict[str, Any]]:
-    """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base; for a ``vision``
-    policy with :data:`VISION_MAX_MODEL_LEN`) whose fields ``cfg`` leaves at their library defaults."""
+    """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base; for the local
+    ``vision`` model with :data:`VISION_MAX_MODEL_LEN`) whose fields ``cfg`` leaves at their library defaults."""
     out: dict[str, dict[str, Any]] = {}
     profile = PRETRAINED_UP_PROFILE if pretrained else UP_PROFILE
-    if vision:
+    if vision and not pretrained:
         profile = {**profile, "inference": {**profile.get("inference", {}), "max_model_len": VISION_MAX_MODEL_LEN}}
     for section, values in profile.items():
         current = getattr(cfg, section)

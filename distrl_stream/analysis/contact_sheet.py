@@ -17,6 +17,7 @@ from distrl_stream.envs.sim.render import MORE, default_font, draw_text, fit_tex
 from distrl_stream.errors import ScreenshotError
 from distrl_stream.events import Step, TrajectoryEvent
 from distrl_stream.events.screenshots import read_screenshot
+from distrl_stream.policy.vision import decode_png
 
 TILE_HEIGHT: Final = 192
 """Height every screenshot is scaled to, keeping its proportions (a placeholder is a square of this side)."""
@@ -97,10 +98,9 @@ def _picture(step: Step, height: int) -> Image.Image | str:
     """The step's screenshot scaled to ``height``, or why it cannot be shown."""
     assert step.screenshot_uri is not None  # contact_sheet draws only the steps that have one
     try:
-        data = read_screenshot(step.screenshot_uri, step.screenshot_sha256 or "")
-        with Image.open(io.BytesIO(data)) as image:
-            width = max(1, round(image.width * height / image.height))
-            return image.convert("RGB").resize((width, height), Image.Resampling.LANCZOS)
+        image = decode_png(read_screenshot(step.screenshot_uri, step.screenshot_sha256 or ""))
+        width = max(1, round(image.width * height / image.height))
+        return image.resize((width, height), Image.Resampling.LANCZOS)
     except ScreenshotError as exc:
         return str(exc)
     # The digest matched, so these are the bytes the collector stored; they just do not decode as an image.

@@ -8,6 +8,7 @@ contact sheet (:func:`write_contact_sheets`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -224,6 +225,15 @@ def images_folder(path: Path) -> Path:
     return path.with_name(f"{path.stem}.images")
 
 
+def sheet_name(episode_id: str) -> str:
+    """The contact sheet's file name: the episode id, or for an id that is not a safe file name, the id with its
+    unsafe characters replaced and a digest of the whole id (two such ids never share a file)."""
+    safe = _UNSAFE.sub("_", episode_id)
+    if safe == episode_id:
+        return f"{safe}.png"
+    return f"{safe}-{hashlib.sha256(episode_id.encode()).hexdigest()[:8]}.png"
+
+
 def write_contact_sheets(
     records: Iterable[TrajectoryRecord], folder: Path, counts: SheetCounts
 ) -> Iterator[TrajectoryRecord]:
@@ -237,7 +247,7 @@ def write_contact_sheets(
         sheet = contact_sheet(record.event)
         if sheet is not None:
             folder.mkdir(parents=True, exist_ok=True)
-            path = folder / f"{_UNSAFE.sub('_', record.event.episode_id)}.png"
+            path = folder / sheet_name(record.event.episode_id)
             partial = path.with_name(path.name + ".partial")
             partial.write_bytes(sheet.png())
             partial.replace(path)

@@ -169,10 +169,11 @@ async def run_episode(
         try:
             candidates = env.candidates(observation) if mode == "choice" else []
             screenshot = await _screenshot(observation, screenshots)
-            # A vision policy's prompt holds the screenshot (an observation without one is the environment's error).
-            prompt = prompter(instruction, observation.screen, previous, candidates, screenshot=observation.screenshot)
         except Exception as exc:
             return end(Termination.ENV_ERROR, _describe("observe", exc))
+        if prompter.vision and observation.screenshot is None:
+            return end(Termination.ENV_ERROR, "observe: no screenshot of the screen for a policy that reads them")
+        prompt = prompter(instruction, observation.screen, previous, candidates, screenshot=observation.screenshot)
         try:
             action = await policy.act(prompt, candidates or None, mode="choice" if candidates else "free")
         except Exception as exc:  # InferenceError, or a malformed answer the client did not anticipate

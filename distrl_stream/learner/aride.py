@@ -275,7 +275,6 @@ def policy_loss(
     beta: float,
     lambda_inv: float,
     episode_weights: Tensor | None = None,
-    trust_region: float = 0.0,
 ) -> PolicyLoss:
     """A-RIDE policy loss.
 
@@ -283,11 +282,6 @@ def policy_loss(
 
     The importance weight and the advantage are constants; the gradient flows through log π and H. The invalid term
     lowers the probability of actions the env/validator rejected.
-
-    With ``trust_region`` ε > 0 a step's policy-gradient term is dropped once π has already moved past the trust
-    region in its advantage's direction (A_t > 0 and ρ_t > 1 + ε, or A_t < 0 and ρ_t < 1 − ε): the gradient of PPO's
-    clipped objective (Schulman et al. 2017), applied to A-RIDE's clipped-IS term. Replayed episodes otherwise keep
-    pushing the same actions however far π has left the behaviour policy (docs/learner.md, "Stability").
 
     Args:
         logp: ``[B, T]`` log π(a_t|s_t) with gradient (sum over the action's tokens).
@@ -300,16 +294,12 @@ def policy_loss(
         beta: entropy coefficient β.
         lambda_inv: invalid-action penalty λ_inv.
         episode_weights: ``[B]`` DPER importance weights, or None for 1.
-        trust_region: ε of the trust region (0: none, the paper's loss).
 
     Returns:
         :class:`PolicyLoss` (scalar tensors).
     """
     rhos, advantages = rhos.detach(), advantages.detach()
     coeff = rhos.clamp(max=rho_bar) * advantages
-    if trust_region > 0:
-        outside = ((advantages > 0) & (rhos > 1 + trust_region)) | ((advantages < 0) & (rhos < 1 - trust_region))
-        coeff = coeff * ~outside
     pg = _weighted_episode_average(-coeff * logp, mask, episode_weights)
     ent = _weighted_episode_average(entropy, mask, episode_weights)
     inv = _weighted_episode_average(invalid.to(logp.dtype) * logp, mask, episode_weights)

@@ -16,8 +16,7 @@ class Counters:
     """What the learner has done, cumulative over restarts (saved in checkpoints)."""
 
     ingested: int = 0  # episodes put in the buffer
-    stale: int = 0  # dropped on arrival: more than drop_above_policy_lag (or max_sample_lag) versions behind
-    aged_out: int = 0  # removed from the buffer once more than max_sample_lag versions behind
+    stale: int = 0  # dropped on arrival: more than drop_above_policy_lag versions behind
     incomplete: int = 0  # dropped: ended by an env/inference error or abandoned
     dead: int = 0  # undecodable or unusable records (dead-lettered)
     rejected: int = 0  # refused by the buffer (e.g. longer than its capacity)
@@ -74,12 +73,6 @@ class LearnerMetrics(RoleMetrics):
                 "rejected": counters().rejected,
             },
             "status",
-        )
-        self.counter(
-            f"{p}_episodes_aged_out",
-            "Ingested episodes removed from the replay buffer for being more than learner.max_sample_lag versions "
-            "behind.",
-            lambda: counters().aged_out,
         )
         self.counter(f"{p}_dlq_records", "Records of {run}.trajectories sent to the DLQ.", lambda: counters().dead)
         self.counter(f"{p}_versions_published", "Weight versions published.", lambda: counters().published)

@@ -75,7 +75,7 @@ from distrl_stream.learner.metrics import Counters, LearnerMetrics
 from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
-from distrl_stream.policy.model_dir import resolve_model_dir
+from distrl_stream.policy.model_dir import reads_screenshots, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +151,6 @@ class Learner:
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: trajectories of the current version since the last publish
         self._round_updates_left = 0
-        self._aged_at: int | None = None  # the version max_sample_lag last aged the buffer out at
         self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
@@ -226,7 +225,12 @@ class Learner:
             return
         torch.manual_seed(self.settings.seed)  # a fresh adapter's LoRA A matrices are drawn here: `learner.seed` too
         model, tokenizer = load_policy(
-            model_dir, self.cfg.model, self.settings.init_adapter, self.device, self.cfg.inference.dtype
+            model_dir,
+            self.cfg.model,
+            self.settings.init_adapter,
+            self.device,
+            self.cfg.inference.dtype,
+            vision=reads_screenshots(self.cfg, model_dir),
         )
         self._trainer = self._new_trainer(model, tokenizer)
         self.version = self.group.broadcast(newest_artifact_version(self.cfg))
@@ -265,7 +269,12 @@ class Learner:
                 f"expected format {CHECKPOINT_FORMAT} of run {self.cfg.run!r}"
             )
         model, tokenizer = load_policy(
-            model_dir, self.cfg.model, checkpoint / "adapter", self.device, self.cfg.inference.dtype
+            model_dir,
+            self.cfg.model,
+            checkpoint / "adapter",
+            self.device,
+            self.cfg.inference.dtype,
+            vision=reads_screenshots(self.cfg, model_dir),
         )
         trainer = self._new_trainer(model, tokenizer)
         try:
@@ -328,7 +337,6 @@ class Learner:
                 if self._reader.failed is not None:
                     raise LearnerError(f"trajectory reader failed: {self._reader.failed}") from self._reader.failed
                 self._ingest(self._reader.drain(512))
-                self._age_out()
                 ready = self._should_update()
                 unread = sorted(self._shard_from.keys() - self._shard_rebuilt)  # the same list on every member
                 rebuilt = self._reader.rebuilt()
@@ -443,7 +451,7 @@ class Learner:
             self.counters.incomplete += 1
             return "incomplete"
         lags = [self.version - s.policy_version for s in episode.steps]
-        if max(lags) > self._admission_lag_limit():
+        if max(lags) > self.settings.drop_above_policy_lag:
             self.counters.stale += 1
             return "stale"
         try:
@@ -458,22 +466,6 @@ class Learner:
             self.prometheus.policy_lag.observe(lag)
         self.counters.ingested += 1
         return "ingested"
-
-    def _admission_lag_limit(self) -> int:
-        """The most versions an arriving episode's oldest step may be behind: ``drop_above_policy_lag``, or
-        ``max_sample_lag`` when it is tighter (such an episode could never be sampled)."""
-        drop, sample = self.settings.drop_above_policy_lag, self.settings.max_sample_lag
-        return drop if sample is None else min(drop, sample)
-
-    def _age_out(self) -> None:
-        """Remove the episodes that ``max_sample_lag`` no longer lets an update sample (once per version)."""
-        limit = self.settings.max_sample_lag
-        if limit is None or self._aged_at == self.version:
-            return
-        self._aged_at = self.version
-        # Judged like admission: on the episode's oldest step.
-        old = [k for k, e in self.buffer.items() if self.version - min(s.policy_version for s in e.steps) > limit]
-        self.counters.aged_out += len(self.buffer.remove(old))
 
     # -- updates, versions, checkpoints --------------------------------------------------------------------------
 
@@ -765,7 +757,6 @@ class Learner:
             "replay_ratio": self.replay_ratio(),
             "trajectories_ingested": float(self.counters.ingested),
             "trajectories_dropped_stale": float(self.counters.stale),
-            "trajectories_aged_out": float(self.counters.aged_out),
             "trajectories_dropped_incomplete": float(self.counters.incomplete),
             "trajectories_dead_lettered": float(self.counters.dead),
             "trajectories_rejected": float(self.counters.rejected + trainer.rejected),

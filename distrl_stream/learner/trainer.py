@@ -18,6 +18,7 @@ The baselines run in the same class: ``digirl`` (trajectory-critic filter + bina
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -48,8 +49,8 @@ from distrl_stream.policy.logprobs import (
     text_tokenizer,
 )
 from distrl_stream.policy.model import load_base_model
-from distrl_stream.policy.prompt import Prompt, Prompter
-from distrl_stream.policy.vision import is_vision_model, load_processor
+from distrl_stream.policy.prompt import ImagePrompt, Prompt, Prompter
+from distrl_stream.policy.vision import load_processor
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +80,9 @@ def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str] 
     its output head (q/k/v/o and gate/up/down projections in Qwen2 and Llama): names, not module paths, so the
     adapter's config reads as vLLM expects whatever the depth.
 
-    A vision-language model's ``all-linear`` is its language tower's linear layers only, as a peft regex over module
-    paths: the vision tower shares names with it (q_proj, ...), and vLLM serves LoRA on the language model.
+    A vision-language model's targets (``all-linear`` or named) are in its language tower only, as a peft regex over
+    module paths: the vision tower shares names with it (q_proj, ...), and vLLM serves LoRA on the language model.
     """
-    if model.lora_target_modules != ["all-linear"]:
-        return list(model.lora_target_modules)
     head = base.get_output_embeddings()
     decoder = base.get_decoder()
     tower = next((name for name, m in base.named_modules() if m is decoder), "")
@@ -93,10 +92,12 @@ def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str] 
             for name, m in (decoder if tower else base).named_modules()
             if isinstance(m, torch.nn.Linear) and m is not head
         }
+        if model.lora_target_modules == ["all-linear"]
+        else model.lora_target_modules
     )
     if not tower or getattr(base.config, "vision_config", None) is None:
         return names
-    return rf"{re.escape(tower)}\..*\.({'|'.join(names)})"
+    return rf"{re.escape(tower)}\..*\.({'|'.join(map(re.escape, names))})"
 
 
 def served_dtype(model_dir: Path, dtype: str = "auto") -> torch.dtype:
@@ -119,6 +120,8 @@ def load_policy(
     adapter: Path | None = None,
     device: torch.device | None = None,
     served: str = "auto",
+    *,
+    vision: bool = False,
 ) -> tuple[PeftModel, Encoder]:
     """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``,
     and what encodes its prompts: the tokenizer, or a vision-language model's processor.
@@ -133,13 +136,16 @@ def load_policy(
             leaves the base model's behaviour unchanged (peft initialises B = 0).
         device: where the model lives (default the CPU).
         served: the server's ``--dtype`` (``inference.dtype``); on CUDA the base is loaded in it.
+        vision: the policy reads screenshots (:func:`~distrl_stream.policy.model_dir.reads_screenshots`): its
+            prompts are encoded by the model's processor; else by its tokenizer (a vision-language model then
+            reads text only, as its collectors prompt it).
 
     Raises:
         LearnerError: the adapter folder is not a peft LoRA adapter, or its rank exceeds ``model.lora_rank`` (the
             server would refuse to load its versions).
     """
     device = device or torch.device("cpu")
-    tokenizer = load_processor(model_dir) if is_vision_model(model_dir) else AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = load_processor(model_dir) if vision else AutoTokenizer.from_pretrained(model_dir)
     dtype = served_dtype(model_dir, served) if device.type == "cuda" else torch.float32
     base = load_base_model(model_dir, dtype).to(device)
     if adapter is None:
@@ -169,28 +175,42 @@ class FeatureCache:
         self.model = model
         self.tokenizer = tokenizer
         self.size = size
-        self._cache: OrderedDict[Prompt, Tensor] = OrderedDict()
+        # Keyed by text and image digest: a key never holds the screenshot itself.
+        self._cache: OrderedDict[str | tuple[str, str], Tensor] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __call__(self, prompts: Sequence[Prompt]) -> Tensor:
         """``[len(prompts), hidden]`` features, no gradient."""
-        missing = list(dict.fromkeys(p for p in prompts if p not in self._cache))
-        fresh = dict(zip(missing, prompt_features(self.model, self.tokenizer, missing), strict=True)) if missing else {}
+        keys = [_cache_key(p) for p in prompts]
+        missing = list({k: p for k, p in zip(keys, prompts, strict=True) if k not in self._cache}.items())
+        computed = prompt_features(self.model, self.tokenizer, [p for _k, p in missing]) if missing else None
+        fresh = {k: computed[i] for i, (k, _p) in enumerate(missing)} if computed is not None else {}
         self.misses += len(missing)
         self.hits += len(prompts) - len(missing)
         rows = []
-        for p in prompts:
-            row = fresh.get(p)
+        for k in keys:
+            row = fresh.get(k)
             if row is None:
-                row = self._cache[p]
-                self._cache.move_to_end(p)
+                row = self._cache[k]
+                self._cache.move_to_end(k)
             rows.append(row)
-        for p, row in fresh.items():
-            self._cache[p] = row
+        for k, row in fresh.items():
+            self._cache[k] = row
         while len(self._cache) > self.size:
             self._cache.popitem(last=False)
         return torch.stack(rows) if rows else torch.zeros(0, text_config(self.model).hidden_size)
+
+
+def _cache_key(prompt: Prompt) -> str | tuple[str, str]:
+    return (prompt.text, prompt.image_sha256) if isinstance(prompt, ImagePrompt) else prompt
+
+
+@functools.lru_cache(maxsize=512)
+def _verified_screenshot(uri: str, sha256: str) -> bytes:
+    """A screenshot read back and checked, kept for its next update (a batch's, a few hundred screens): the bytes of
+    a digest never change, and an image lost later is met at the next ingest, which reads every one again."""
+    return read_screenshot(uri, sha256)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -356,7 +376,6 @@ class Trainer:
             cfg.entropy_coef,
             cfg.invalid_penalty,
             episode_weights=sample.is_weights,
-            trust_region=cfg.trust_region,
         )
         vl = aride.critic_loss(value_logits, v_ret, batch.mask, sample.is_weights, kind=cfg.critic_loss)
         warming_up = self.updates < cfg.critic_warmup_updates
@@ -529,7 +548,7 @@ class Trainer:
         if self.prompter.vision:
             if step.screenshot_uri is None or step.screenshot_sha256 is None:
                 raise ScreenshotError(f"episode {episode.episode_id!r} step {t} has no screenshot")
-            screenshot = read_screenshot(step.screenshot_uri, step.screenshot_sha256)
+            screenshot = _verified_screenshot(step.screenshot_uri, step.screenshot_sha256)
         return self.prompter(
             episode.instruction, step.observation, episode.previous_actions(t), step.candidates, screenshot=screenshot
         )

@@ -158,10 +158,14 @@ def encode_prompts(encoder: Encoder, prompts: Sequence[Prompt]) -> EncodedPrompt
     pixels: dict[str, list[Tensor]] = {}
     for prompt in prompts:
         if isinstance(prompt, ImagePrompt):
-            encoded = encoder(text=prompt.text, images=[decode_png(prompt.png)], return_tensors="pt")
+            # As vLLM's chat endpoint: the template already holds every special token the prompt needs.
+            encoded = encoder(
+                text=prompt.text, images=[decode_png(prompt.png)], add_special_tokens=False, return_tensors="pt"
+            )
             input_ids.append(encoded["input_ids"][0].tolist())
+            # Everything else the processor made is the image's (pixels, and per family sizes or grids).
             for name, value in encoded.items():
-                if name.startswith("pixel_"):
+                if name not in ("input_ids", "attention_mask", "token_type_ids"):
                     pixels.setdefault(name, []).append(value)
         else:
             input_ids.append(text_tokenizer(encoder)(prompt)["input_ids"])

@@ -8,14 +8,21 @@ load it. Building is seeded and deterministic: the same size, corpus and seed gi
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    ProcessorMixin,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from distrl_stream.artifacts import atomic_dir
 from distrl_stream.errors import ModelBuildError
@@ -121,7 +128,7 @@ def build_model(
     if out_dir.exists() and not overwrite:
         raise ModelBuildError(f"{out_dir} already exists; pass overwrite=True (--overwrite) to replace it")
     if isinstance(size, str) and size in VISION_SPECS:
-        build_vision_model(out_dir, VISION_SPECS[size], seed=seed)
+        build_vision_model(out_dir, VISION_SPECS[size], corpus=corpus, seed=seed)
         return out_dir
     spec = SPECS[size] if isinstance(size, str) else size
     tokenizer = train_tokenizer(default_corpus() if corpus is None else corpus, spec.vocab_size)
@@ -140,28 +147,35 @@ def build_model(
         eos_token_id=eos_id,
         pad_token_id=eos_id,
     )
-    # Fork the RNG so building a model never changes the caller's random stream.
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-        init_embeddings(model.get_input_embeddings(), spec.hidden_size)
-    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    model = initialised(lambda: Qwen2ForCausalLM(config), spec.hidden_size, eos_id, seed)
+    write_model_dir(out_dir, model, tokenizer)
     return out_dir
 
 
-def init_embeddings(embedding: torch.nn.Embedding, hidden_size: int) -> None:
-    """Unit-norm rows for a local model's (tied) embedding.
+def initialised(make: Callable[[], PreTrainedModel], hidden_size: int, eos_id: int, seed: int) -> PreTrainedModel:
+    """A local model made by ``make()`` under ``seed``, with unit-norm embedding rows and ``eos_id`` as every special
+    token of its generation config.
 
-    LoRA never trains the embedding, and its scale bounds every logit (|logit| <= |h|·|e|, with |h| ≈ sqrt(hidden)
-    after the final norm). At the default std 0.02 a LoRA-trained tiny policy could not put more than ~0.9 on one
-    of three tokens; unit-norm rows lift that bound while the untrained policy keeps a high entropy (logits ~ N(0, 1)).
+    The RNG is forked, so building a model never changes the caller's random stream. Unit-norm rows: LoRA never
+    trains the (tied) embedding, and its scale bounds every logit (|logit| <= |h|·|e|, with |h| ≈ sqrt(hidden) after
+    the final norm). At the default std 0.02 a LoRA-trained tiny policy could not put more than ~0.9 on one of three
+    tokens; unit-norm rows lift that bound while the untrained policy keeps a high entropy (logits ~ N(0, 1)).
     """
-    torch.nn.init.normal_(embedding.weight, std=hidden_size**-0.5)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = make()
+        torch.nn.init.normal_(model.get_input_embeddings().weight, std=hidden_size**-0.5)
+    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
+    return model
+
+
+def write_model_dir(out_dir: Path, *parts: PreTrainedModel | PreTrainedTokenizerFast | ProcessorMixin) -> None:
+    """Save each part (model, tokenizer or processor) into ``out_dir`` atomically, replacing what was there."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    with atomic_dir(out_dir) as tmp:
+        for part in parts:
+            part.save_pretrained(tmp)
 
 
 def count_parameters(model_dir: Path) -> int:

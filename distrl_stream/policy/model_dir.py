@@ -46,8 +46,10 @@ def reads_screenshots(cfg: Config, model_dir: Path | None = None) -> bool:
     """
     if cfg.model.modality == "text":
         return False
-    if cfg.model.modality == "auto" and cfg.model.base is None and cfg.model.size not in VISION_SPECS:
-        return False  # a local text model: nothing to build or read
+    if cfg.model.base is None and cfg.model.size not in VISION_SPECS:  # a local text model: nothing to build or read
+        if cfg.model.modality == "vision":
+            raise ConfigError("model.modality", f"vision, but model.size {cfg.model.size!r} is a text model")
+        return False
     vision = is_vision_model(model_dir or resolve_model_dir(cfg))
     if cfg.model.modality == "vision" and not vision:
         raise ConfigError("model.modality", f"vision, but the base {cfg.model.base_model_id} has no vision tower")
@@ -58,7 +60,7 @@ def load_prompter(cfg: Config) -> Prompter:
     """The prompt format of the run's base model (:class:`~distrl_stream.policy.prompt.Prompter`): chat when its
     tokenizer has a chat template, with the screenshot for a vision policy (:func:`reads_screenshots`). The local
     tiny text models have no template, so such a run renders the raw format without building or loading anything."""
-    if cfg.model.base is None and cfg.model.size not in VISION_SPECS:
+    if cfg.model.base is None and not reads_screenshots(cfg):
         return Prompter()
     model_dir = resolve_model_dir(cfg)
     if reads_screenshots(cfg, model_dir):

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from distrl_stream.errors import ModelBuildError
+
 if TYPE_CHECKING:  # the raw format (collectors of the tiny models) never imports transformers
     from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
@@ -41,7 +43,7 @@ PROMPT_VERSION = 2
 PromptFormat = Literal["chat", "raw"]
 
 # The image part of a user message: the chat template renders it as the model's image placeholder; the inference
-# client replaces it by the screenshot as a data URL.
+# client replaces it by the screenshot as a data URL. Compared by value; each message gets a copy.
 IMAGE_PART: dict[str, str] = {"type": "image"}
 
 # What a pretrained model needs to be told that the tiny ones learn from reward alone: what the screen's lines are
@@ -124,7 +126,7 @@ def build_messages(
     if candidates:
         # Listed whole: the server's grammar allows exactly these strings, so the model should see every one.
         user += "\nChoose one of these actions:\n" + "\n".join(_one_line(c) for c in candidates)
-    content: str | list[dict[str, str]] = [IMAGE_PART, {"type": "text", "text": user}] if image else user
+    content: str | list[dict[str, str]] = [dict(IMAGE_PART), {"type": "text", "text": user}] if image else user
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": content}]
 
 
@@ -160,7 +162,7 @@ class Prompter:
         vision: the policy reads the screenshot (:func:`distrl_stream.policy.vision.is_vision_model`).
 
     Raises:
-        ValueError: ``vision`` without a chat template to put the image in.
+        ModelBuildError: ``vision`` without a chat template to put the image in.
     """
 
     def __init__(
@@ -168,8 +170,10 @@ class Prompter:
     ) -> None:
         self._tokenizer = tokenizer if tokenizer is not None and tokenizer.chat_template else None
         if vision and self._tokenizer is None:
-            raise ValueError("a vision policy needs a chat template (its processor's) to place the image in")
+            raise ModelBuildError("a vision policy needs a chat template (its processor's) to place the image in")
         self.vision = vision
+        # A screen whose text spells the image placeholder would ask for a second image: it is shown spaced out.
+        self._image_token: str | None = getattr(tokenizer, "image_token", None) if vision else None
         self.format: PromptFormat = "chat" if self._tokenizer is not None else "raw"
 
     def __call__(
@@ -189,6 +193,10 @@ class Prompter:
         """
         if self._tokenizer is None:
             return build_prompt(instruction, observation_text, previous_actions)
+        if self._image_token:
+            token, spaced = self._image_token, f"{self._image_token[0]} {self._image_token[1:]}"
+            instruction, observation_text = instruction.replace(token, spaced), observation_text.replace(token, spaced)
+            previous_actions = [a.replace(token, spaced) for a in previous_actions]
         messages = build_messages(instruction, observation_text, previous_actions, candidates, image=self.vision)
         text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         assert isinstance(text, str)

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from distrl_stream.artifacts import atomic_dir
 from distrl_stream.errors import ModelBuildError
 
 if TYPE_CHECKING:
@@ -99,17 +98,18 @@ def is_vision_model(model_dir: Path) -> bool:
     return "vision_config" in config
 
 
-def build_vision_model(out_dir: Path, spec: VisionSpec, *, seed: int = 0) -> None:
+def build_vision_model(out_dir: Path, spec: VisionSpec, *, corpus: Iterable[str] | None = None, seed: int = 0) -> None:
     """Write a randomly initialised Idefics3 model, its tokenizer, processor and chat template into ``out_dir``
-    (atomically; the caller checked it may be replaced). Deterministic for a given spec and seed."""
-    import torch
-    from transformers import GenerationConfig, Idefics3Config, Idefics3ForConditionalGeneration
+    (atomically; the caller checked it may be replaced). Deterministic for a given spec, corpus and seed; the
+    tokenizer is trained on ``corpus`` (default the text models' corpus) plus the chat system prompt."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration
 
-    from distrl_stream.policy.model import default_corpus, init_embeddings, train_tokenizer
+    from distrl_stream.policy.model import default_corpus, initialised, train_tokenizer, write_model_dir
     from distrl_stream.policy.prompt import SYSTEM_PROMPT
 
     # The system prompt is in every chat prompt: its words get merges of their own.
-    tokenizer = train_tokenizer([*default_corpus(), *[SYSTEM_PROMPT] * 4], spec.vocab_size)
+    texts = default_corpus() if corpus is None else list(corpus)
+    tokenizer = train_tokenizer([*texts, *[SYSTEM_PROMPT] * 4], spec.vocab_size)
     tokenizer.add_special_tokens({"additional_special_tokens": VISION_SPECIAL_TOKENS})
     tokenizer.model_max_length = spec.max_positions
     tokenizer.chat_template = CHAT_TEMPLATE
@@ -143,17 +143,8 @@ def build_vision_model(out_dir: Path, spec: VisionSpec, *, seed: int = 0) -> Non
         tie_word_embeddings=True,
         pad_token_id=eos_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Idefics3ForConditionalGeneration(config)
-        init_embeddings(model.get_input_embeddings(), spec.hidden_size)
-    model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id)
-    processor = _processor(tokenizer, spec)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        processor.save_pretrained(tmp)
+    model = initialised(lambda: Idefics3ForConditionalGeneration(config), spec.hidden_size, eos_id, seed)
+    write_model_dir(out_dir, model, _processor(tokenizer, spec))
 
 
 def _processor(tokenizer: Any, spec: VisionSpec) -> ProcessorMixin:
@@ -175,14 +166,20 @@ def load_processor(model_dir: Path) -> ProcessorMixin:
     """The model folder's processor (tokenizer + image processor + chat template).
 
     Raises:
-        ModelBuildError: the folder has none.
+        ModelBuildError: the folder has none (transformers then falls back to a bare tokenizer), or no chat template
+            to place the image in.
     """
     from transformers import AutoProcessor
 
     try:
-        return AutoProcessor.from_pretrained(model_dir)
+        processor = AutoProcessor.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
         raise ModelBuildError(f"{model_dir}: no processor for a vision model ({exc})") from None
+    if getattr(processor, "image_processor", None) is None:
+        raise ModelBuildError(f"{model_dir}: no image processor (processor_config.json) for a vision model")
+    if not getattr(processor, "chat_template", None):
+        raise ModelBuildError(f"{model_dir}: the processor has no chat template to place the screenshot in")
+    return processor
 
 
 def decode_png(png: bytes) -> Image:

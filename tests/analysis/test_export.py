@@ -20,6 +20,7 @@ from distrl_stream.analysis.export import (
     export_format,
     export_trajectories,
     images_folder,
+    sheet_name,
     write_contact_sheets,
 )
 from distrl_stream.analysis.replay import TrajectoryRecord
@@ -101,5 +102,9 @@ def test_images_go_beside_the_export_one_sheet_per_episode_with_screenshots(tmp_
     counts = SheetCounts()
     assert export_trajectories(write_contact_sheets([plain, shown, unsafe], folder, counts), output) == 3
     assert (counts.episodes, counts.steps, counts.unreadable) == (2, 4, 0)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{shown.event.episode_id}.png", ".._escape.png"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        [f"{shown.event.episode_id}.png", sheet_name("../escape")]
+    )
+    # An unsafe id keeps a digest of itself: two ids that read alike never share a file.
+    assert sheet_name("../escape").startswith(".._escape-") and sheet_name("../escape") != sheet_name("..!escape")
     assert Image.open(folder / f"{shown.event.episode_id}.png").format == "PNG"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from transformers import AutoTokenizer
 
@@ -13,6 +15,11 @@ from distrl_stream.collector import run_episode
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.envs.sim.env import observe
 from distrl_stream.events import Termination, TrajectoryEvent
+from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
+from distrl_stream.policy.logprobs import text_tokenizer
+from distrl_stream.policy.model import build_model
+from distrl_stream.policy.prompt import ImagePrompt, Prompt, Prompter
+from distrl_stream.policy.vision import load_processor
 from distrl_stream.testing.scripted import ScriptedPolicy
 
 
@@ -39,3 +46,37 @@ def test_a_finished_episode_records_no_final_observation(tiny_model_dir: Path) -
     _env, event = _play(tiny_model_dir, horizon=10)
     assert event.termination is Termination.SUCCESS
     assert (event.final_observation, event.final_candidates) == (None, [])
+
+
+class _Recording(ScriptedPolicy):
+    """The oracle, keeping every prompt it was given."""
+
+    prompts: list[Prompt]
+
+    async def act(self, prompt: Prompt, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> Any:
+        self.prompts.append(prompt)
+        return await super().act(prompt, candidates, mode=mode)
+
+
+def test_a_vision_policy_is_prompted_with_each_screen_and_its_claim_check(tmp_path: Path) -> None:
+    vl_dir = build_model(tmp_path / "tiny-vl", "tiny-vl")
+    processor = load_processor(vl_dir)
+    prompter = Prompter(processor, vision=True)
+    task = sim_tasks("train", 1, ["take_photo"])[0]
+    store = ScreenshotStore(tmp_path / "shots")
+
+    def play(env: SimEnv) -> tuple[_Recording, Any]:
+        policy = _Recording(env, text_tokenizer(processor), noise=0.0, rng=random.Random(0))
+        policy.prompts = []
+        episode = run_episode(env, task, policy, "choice", episode_id="e", screenshots=store, prompter=prompter)
+        return policy, asyncio.run(episode)
+
+    policy, outcome = play(SimEnv(screenshots=True))
+    assert outcome.termination is Termination.SUCCESS and policy.prompts
+    for prompt, step in zip(policy.prompts, outcome.steps, strict=True):
+        assert isinstance(prompt, ImagePrompt) and prompt.image_sha256 == step.screenshot_sha256
+        assert read_screenshot(step.screenshot_uri or "", prompt.image_sha256) == prompt.png
+    # An environment that draws no screenshot cannot serve a vision policy: the episode ends, named, unprompted.
+    policy, outcome = play(SimEnv())
+    assert outcome.termination is Termination.ENV_ERROR and not policy.prompts
+    assert outcome.error == "observe: no screenshot of the screen for a policy that reads them"

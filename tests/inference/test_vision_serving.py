@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
 from PIL import Image, ImageDraw
 from transformers import ProcessorMixin
 
@@ -19,9 +18,10 @@ from distrl_stream.artifacts import atomic_dir, version_event
 from distrl_stream.config import ModelConfig
 from distrl_stream.inference.client import ActionResult, InferenceClient
 from distrl_stream.inference.versions import AdapterLoader
-from distrl_stream.policy.model import load_base_model
+from distrl_stream.learner.trainer import load_policy
+from distrl_stream.policy.logprobs import action_logprobs, encode_prompts
 from distrl_stream.policy.prompt import ImagePrompt, Prompter
-from distrl_stream.policy.vision import IMAGE_TOKEN, decode_png, load_processor
+from distrl_stream.policy.vision import IMAGE_TOKEN, load_processor
 from tests.fixtures.vllm import VllmService
 
 pytestmark = pytest.mark.vllm
@@ -35,8 +35,8 @@ CANDIDATES = [
 SAMPLES = 16  # answers per prompt and version
 # Served in float32: the same prompt and version give the same log-prob to within this (batches sum in other orders).
 TOLERANCE = 1e-4
-# The language tower's projections, the vision tower left out: the LoRA the learner trains on a vision model.
-TEXT_TOWER = r".*text_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)"
+# Learner log π against the served log μ, both float32 (whole answers: sums of up to ~30 token log-probs).
+PARITY = 1e-3
 
 
 def _screenshot(background: str, rows: str) -> bytes:
@@ -89,6 +89,18 @@ def _first_token_logprobs(results: Sequence[ActionResult]) -> dict[int, float]:
     return {token: values[0] for token, values in by_token.items()}
 
 
+def _assert_parity(
+    model: torch.nn.Module, processor: ProcessorMixin, prompt: ImagePrompt, results: Sequence[ActionResult]
+) -> None:
+    """The learner's log π(a | image, text) of every served answer is the server's log μ."""
+    with torch.no_grad():
+        ours = action_logprobs(
+            model, processor, [prompt] * len(results), [r.token_ids for r in results], [CANDIDATES] * len(results)
+        )
+    gaps = (ours.logprob - torch.tensor([r.logprob for r in results])).abs()
+    assert float(gaps.max()) < PARITY, gaps.tolist()
+
+
 def _assert_differ(a: Sequence[ActionResult], b: Sequence[ActionResult]) -> None:
     """The first tokens sampled in both ``a`` and ``b`` got clearly different log-probs."""
     first_a, first_b = _first_token_logprobs(a), _first_token_logprobs(b)
@@ -102,10 +114,13 @@ def test_a_screenshot_prompt_is_answered_through_the_chat_api_as_the_learner_tok
 ) -> None:
     light, dark = _act(tiny_vl_server, prompts)
     assert all(r.text in CANDIDATES and (r.version, r.finish_reason) == (0, "stop") for r in light + dark)
+    model, _processor = load_policy(tiny_vl_server.model_dir, ModelConfig(), vision=True)  # a fresh adapter: the base
     for prompt, results in zip(prompts, (light, dark), strict=True):
-        # The server rendered the messages and expanded the image as the learner's processor does.
-        expected = list(processor(text=prompt.text, images=[decode_png(prompt.png)])["input_ids"][0])
+        # The server rendered the messages and expanded the image as the learner encodes them, and scored the answers
+        # as the learner does.
+        [expected] = encode_prompts(processor, [prompt]).input_ids
         assert all(list(r.prompt_token_ids) == expected for r in results)
+        _assert_parity(model, processor, prompt, results)
     image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     ids = list(light[0].prompt_token_ids)
     start = ids.index(image_id)
@@ -115,13 +130,12 @@ def test_a_screenshot_prompt_is_answered_through_the_chat_api_as_the_learner_tok
 
 
 def test_a_lora_version_on_the_language_tower_is_hot_loaded_and_changes_the_answers(
-    tiny_vl_server: VllmService, prompts: list[ImagePrompt], tmp_path: Path
+    tiny_vl_server: VllmService, processor: ProcessorMixin, prompts: list[ImagePrompt], tmp_path: Path
 ) -> None:
     base = _act(tiny_vl_server, prompts)
     torch.manual_seed(0)
-    model = get_peft_model(
-        load_base_model(tiny_vl_server.model_dir), LoraConfig(r=8, lora_alpha=16, target_modules=TEXT_TOWER)
-    )
+    # The learner's own policy: its LoRA targets on a vision model (the language tower only).
+    model, _processor = load_policy(tiny_vl_server.model_dir, ModelConfig(), vision=True)
     for name, parameter in model.named_parameters():
         if "lora_B" in name:  # peft's B = 0 would leave the answers as the base model's
             torch.nn.init.normal_(parameter, std=0.05)
@@ -146,3 +160,6 @@ def test_a_lora_version_on_the_language_tower_is_hot_loaded_and_changes_the_answ
     assert all(r.text in CANDIDATES for answers in tuned for r in answers)
     for before, after in zip(base, tuned, strict=True):
         _assert_differ(before, after)
+    # The served version is the learner's: the same log-probs on its answers.
+    for prompt, answers in zip(prompts, tuned, strict=True):
+        _assert_parity(model, processor, prompt, answers)

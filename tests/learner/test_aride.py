@@ -240,23 +240,6 @@ def test_episode_weights_scale_whole_episodes_whatever_their_length() -> None:
     assert only_long.item() == pytest.approx(only_short.item())  # each episode is one unit
 
 
-def test_the_trust_region_drops_only_steps_that_already_moved_past_it_in_their_advantage_direction() -> None:
-    # Steps: (ρ, A) = inside (1.1, +1); past it upwards with A > 0 (1.5, +1); past it downwards with A < 0 (0.5, −1);
-    # past it upwards but A < 0 (1.5, −1): still pushed (back towards the behaviour policy).
-    logp = torch.zeros(1, 4, requires_grad=True)
-    rho = torch.tensor([[1.1, 1.5, 0.5, 1.5]])
-    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
-    args = dict(rhos=rho, advantages=adv, entropy=torch.zeros(1, 4), invalid=torch.zeros(1, 4, dtype=torch.bool),
-                mask=torch.ones(1, 4, dtype=torch.bool), rho_bar=2.0, beta=0.0, lambda_inv=0.0)  # fmt: skip
-    (grad_off,) = torch.autograd.grad(aride.policy_loss(logp, **args).loss, logp)
-    (grad_on,) = torch.autograd.grad(aride.policy_loss(logp, trust_region=0.2, **args).loss, logp)
-    assert torch.allclose(grad_off, -(rho * adv) / 4)  # no trust region: every step, weighted min(ρ̄, ρ)·A
-    assert torch.allclose(grad_on, torch.tensor([[-1.1, 0.0, 0.0, 1.5]]) / 4)
-
-
-# ---- critic loss -------------------------------------------------------------------------------------------------
-
-
 def test_critic_loss_is_bce_towards_the_clipped_target_and_trains_v_towards_it() -> None:
     target, mask = batch([1.3, 0.4], [-0.2])
     logits = torch.zeros_like(target, requires_grad=True)

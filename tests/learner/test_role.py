@@ -208,30 +208,6 @@ def test_replay_ratio_caps_updates_per_ingested_episode(
     assert learner.trainer.updates == 6
 
 
-def test_max_sample_lag_drops_old_arrivals_and_ages_out_what_the_version_leaves_behind(
-    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
-) -> None:
-    cfg = learner_config(max_sample_lag=1, updates_per_version=1, min_buffer_episodes=2, metrics_port=0)
-    learner = started(cfg)
-    learner.publish()
-    learner.publish()  # the learner is at version 2
-    tokenizer = learner.trainer.tokenizer
-    [current] = sim_events(tokenizer, 1, seed=5, version=2)
-    [one_behind] = sim_events(tokenizer, 1, seed=6, version=1)
-    [two_behind] = sim_events(tokenizer, 1, seed=7, version=0)  # within drop_above_policy_lag (10), not within 1
-    produce(cfg, [current, one_behind, two_behind])
-    running = Running(learner)
-    # Two episodes in: one update publishes version 3, which leaves the version-1 episode two versions behind.
-    running.wait_for("an episode aged out", lambda: learner.counters.aged_out == 1)
-    samples = scrape(f"127.0.0.1:{learner.prometheus.port}")
-    running.finish()
-    assert (learner.counters.ingested, learner.counters.stale, learner.version) == (2, 1, 3)
-    assert [e.episode_id for _k, e in learner.buffer.items()] == [current.episode_id]
-    assert learner.trainer.updates == 1  # one episode left: below min_buffer_episodes, nothing more to sample
-    assert value(samples, "distrl_learner_episodes_aged_out_total") == 1
-    assert learner.metrics()["trajectories_aged_out"] == 1
-
-
 def test_a_fresh_adapter_is_drawn_from_the_learner_seed(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
