@@ -28,7 +28,6 @@ from distrl_stream.learner.ingest import TrajectoryReader
 from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.role import Learner
 from distrl_stream.policy.model import build_model
-from distrl_stream.policy.prompt import ImagePrompt
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
 
@@ -494,9 +493,10 @@ def test_a_vision_learner_updates_on_screenshots_and_dead_letters_a_missing_or_a
     running.finish()
     assert (learner.counters.ingested, learner.counters.dead) == (4, 2)
     assert sorted(held(learner)) == sorted(e.episode_id for e in good)
-    # Updates computed on the screenshots: the critic's features are of image prompts.
+    # Updates computed on the screenshots: the critic's features are of image prompts (keyed by text and digest).
     assert learner.trainer.features.misses > 0
-    assert all(isinstance(p, ImagePrompt) for p in learner.trainer.features._cache)
+    shown = {s.screenshot_sha256 for e in good for s in e.steps}
+    assert all(isinstance(key, tuple) and key[1] in shown for key in learner.trainer.features._cache)
     letters = {
         letter.offset: letter.error_message
         for letter in (decode(m.value(), DeadLetter) for m in read_topic(cfg.kafka, TopicNames(cfg.run).dlq))
