@@ -46,7 +46,9 @@ the learner published it, from the moment the method's processes were launched.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
 [--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--out FILE]`` writes ``bench/results/learning.json`` and
-``bench/results/learning.png`` (or FILE and the plot beside it).
+``bench/results/learning.png`` (or FILE and the plot beside it). Seeds run one per invocation, each with its own
+file; ``python bench/learning.py --combine FILE… --out FILE`` then gives each method's mean, spread and per-seed
+values, and a plot of every seed's curve.
 """
 
 from __future__ import annotations
@@ -470,6 +472,92 @@ def plot(
 
 
 # ------------------------------------------------------------------------------------------------------------------
+# Seeds: one invocation per seed, combined afterwards
+# ------------------------------------------------------------------------------------------------------------------
+
+# Per method, what a seed's run reports and the combined file summarises (mean, spread, every seed's value).
+SEED_METRICS = ("auc", "final_success", "best_success", "time_to_80_s", "learner_updates", "versions_published")
+
+
+def combine(files: list[Path], out: Path) -> dict[str, Any]:
+    """Combine one result file per seed (same methods, settings and warm start) into ``out``: per method and metric
+    the mean, the sample standard deviation and each seed's value, and a plot of every seed's curve."""
+    import statistics
+
+    runs = [json.loads(f.read_text()) for f in files]
+    methods = [m for m in runs[0]["metrics"]["auc"] if all(m in r["metrics"]["auc"] for r in runs)]
+    seeds = [r["metrics"].get("seed", 0) for r in runs]
+    if len(set(seeds)) != len(seeds):
+        raise SystemExit(f"--combine: the files repeat a seed ({seeds})")
+    if len({r["metrics"]["warm_start_weights_sha256"] for r in runs}) != 1:
+        raise SystemExit("--combine: the files do not share one warm start")
+
+    def summary(metric: str, method: str) -> dict[str, Any]:
+        values = [r["metrics"][metric][method] for r in runs]
+        known = [v for v in values if v is not None]
+        return {
+            "mean": statistics.fmean(known) if known else None,
+            "std": statistics.stdev(known) if len(known) > 1 else None,
+            "values": values,
+        }
+
+    metrics: dict[str, Any] = {
+        "seeds": seeds,
+        "files": [f.name for f in files],
+        **{metric: {m: summary(metric, m) for m in methods} for metric in SEED_METRICS},
+        "method_settings": {m: runs[0]["metrics"]["method_settings"][m] for m in methods},
+        "warm_start_success": runs[0]["metrics"]["warm_start_success"],
+        "untrained_success": runs[0]["metrics"]["untrained_success"],
+        "budget_s_per_method": runs[0]["metrics"]["budget_s_per_method"],
+        "eval_tasks": runs[0]["metrics"]["eval_tasks"],
+        "templates": runs[0]["metrics"]["templates"],
+    }
+    result = {
+        "name": "learning",
+        "quick": any(r["quick"] for r in runs),
+        "ratio": None,
+        "ratio_reason": "a study of seeds (no sync arm compared)",
+        "target": None,
+        "metrics": metrics,
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot_seeds(runs, methods, out.with_suffix(".png"))
+    return result
+
+
+def plot_seeds(runs: list[dict[str, Any]], methods: list[str], path: Path) -> None:
+    """Each method's held-out success curves, one line per seed (their points are at different times), titled with
+    the mean area under them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = 4
+    rows = -(-len(methods) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3.2 * rows), sharex=True, sharey=True, squeeze=False)
+    budget = runs[0]["metrics"]["budget_s_per_method"]
+    for ax, method in zip(axes.flat, methods, strict=False):
+        for run in runs:
+            curve = run["metrics"]["curves"][method]
+            ax.plot([p["seconds"] / 60 for p in curve], [p["success"] for p in curve], color="grey", linewidth=0.8)
+        auc = [run["metrics"]["auc"][method] for run in runs]
+        ax.set_title(f"{method}: auc {sum(auc) / len(auc):.2f}", fontsize=9)
+        ax.axhline(runs[0]["metrics"]["warm_start_success"], color="black", linestyle=":", linewidth=1)
+        ax.set_xlim(0, budget / 60)
+        ax.set_ylim(0, 1)
+    for ax in axes.flat[len(methods) :]:
+        ax.axis("off")
+    seeds = ", ".join(str(r["metrics"].get("seed", 0)) for r in runs)
+    fig.suptitle(f"Held-out success, one line per seed (seeds {seeds}; dotted: the warm start)")
+    fig.supxlabel("wall-clock minutes since launch")
+    fig.supylabel("held-out success")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------------
 # Main
 # ------------------------------------------------------------------------------------------------------------------
 
@@ -530,7 +618,17 @@ def main() -> None:
         action="store_true",
         help="let every role share all CPUs (default: the learner gets a core of its own, as on its own machine)",
     )
+    parser.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="combine these result files, one per seed, into --out (mean, spread, per-seed values; a plot) and stop",
+    )
     args = parser.parse_args()
+    if args.combine:
+        print(json.dumps(combine(args.combine, args.out)["metrics"]["auc"], indent=2))
+        return
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     for name, settings in args.variant:
