@@ -47,9 +47,8 @@ def trajectory_priorities(
 
     Args:
         deltas: ``[B, T]`` TD errors δ_t (``aride.td_errors``).
-        rhos: ``[B, T]`` importance ratios ρ_t (``aride.importance_ratios``; clipped or raw, ``learner.dper_rho_clip``).
-        surprise: ``[B, T]`` H_t: −log π(a_t|s_t) of the taken action or the policy's entropy at s_t
-            (``learner.dper_surprise``).
+        rhos: ``[B, T]`` importance ratios ρ_t (``aride.importance_ratios``), raw.
+        surprise: ``[B, T]`` H_t: the learner passes −log π(a_t|s_t) of the taken action (the authors' code).
         mask: ``[B, T]`` bool.
         w1: weight of the TD-error term.
         w2: weight of the importance-ratio term.

@@ -385,7 +385,7 @@ class Trainer:
             loss = loss + self._trajectory_critic_loss(sample.episodes)
         grads = self._step(loss, policy=not warming_up)
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
-        priorities = self._priorities(deltas, rhos, logp, entropy, batch.mask)
+        priorities = self._priorities(deltas, rhos, logp, batch.mask)
         self.buffer.update_priorities(sample.keys, priorities)
         return {
             "loss_policy": pl.loss.item(),
@@ -610,19 +610,18 @@ class Trainer:
         """DPER priorities p(τ) of ``episodes`` under the current policy and critic (no gradient)."""
         cfg = self.cfg
         batch = collate(episodes)
-        logp, entropy = self.policy_terms(episodes, batch.mask)
+        logp, _ = self.policy_terms(episodes, batch.mask)
         values = aride.pad_steps(self.step_critic.value(self.step_features(episodes)), batch.mask)
         bootstrap = self.bootstrap_values(episodes)
         rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
-        return self._priorities(deltas, rhos, logp, entropy, batch.mask)
+        return self._priorities(deltas, rhos, logp, batch.mask)
 
-    def _priorities(self, deltas: Tensor, rhos: Tensor, logp: Tensor, entropy: Tensor, mask: Tensor) -> Tensor:
-        """DPER's p(τ) with the configured surprise term and ρ (docs/design.md §5.7)."""
+    def _priorities(self, deltas: Tensor, rhos: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
+        """DPER's p(τ) (docs/design.md §5.7): raw ρ and the taken action's −log π, as the authors' code; ρ clipped at ρ̄
+        and the policy's entropy were measured no better (docs/learner.md)."""
         cfg = self.cfg
-        surprise = -logp if cfg.dper_surprise == "neg_logp" else entropy
-        rhos = rhos.clamp(max=cfg.rho_bar) if cfg.dper_rho_clip else rhos
-        return trajectory_priorities(deltas, rhos, surprise, mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
+        return trajectory_priorities(deltas, rhos, -logp, mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
 
     def refresh_priorities(self) -> int:
         """Recompute every held episode's priority; returns how many were updated.

@@ -230,29 +230,3 @@ def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
     assert stats is not None and all(math.isfinite(v) for v in stats.values())
     assert changed(before, t)
     assert stats["rho_mean"] > 0
-
-
-def test_dper_surprise_and_rho_clip_change_the_priority_as_configured(
-    tiny_model_dir: Path, episodes: list[EpisodeRecord]
-) -> None:
-    batch = episodes[:4]
-    t = trainer(tiny_model_dir, episodes, dper_w1=0.0, dper_w2=0.0, dper_w3=1.0)
-    mask = collate(batch).mask
-    with torch.no_grad():
-        logp, entropy = t.policy_terms(batch, mask)
-    n = mask.sum(1)
-    neg_logp = t.episode_priorities(batch)
-    assert neg_logp.tolist() == pytest.approx(((-logp * mask).sum(1) / n).tolist(), rel=1e-5)
-    t.cfg = t.cfg.model_copy(update={"dper_surprise": "entropy"})
-    assert t.episode_priorities(batch).tolist() == pytest.approx(((entropy * mask).sum(1) / n).tolist(), rel=1e-5)
-    # The ρ term, raw or clipped at ρ̄.
-    rhos = aride.importance_ratios(logp, collate(batch).behaviour_logp, mask)
-    rho_bar = float(rhos[mask].median())  # so that the clip bites on about half the steps
-    rho_only = t.cfg.model_copy(update={"dper_w2": 1.0, "dper_w3": 0.0, "rho_bar": rho_bar})
-    t.cfg = rho_only
-    raw = t.episode_priorities(batch)
-    assert raw.tolist() == pytest.approx(((rhos * mask).sum(1) / n).tolist(), rel=1e-5)
-    t.cfg = rho_only.model_copy(update={"dper_rho_clip": True})
-    clipped = t.episode_priorities(batch)
-    assert clipped.tolist() == pytest.approx(((rhos.clamp(max=rho_bar) * mask).sum(1) / n).tolist(), rel=1e-5)
-    assert float(clipped.max()) <= rho_bar * (1 + 1e-6) < float(raw.max())
