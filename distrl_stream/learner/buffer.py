@@ -41,18 +41,18 @@ _STATE_FORMAT = 1
 
 
 def trajectory_priorities(
-    deltas: Tensor, rhos: Tensor, surprise: Tensor, mask: Tensor, w1: float, w2: float, w3: float
+    deltas: Tensor, rhos: Tensor, logp: Tensor, mask: Tensor, w1: float, w2: float, w3: float
 ) -> Tensor:
-    """p(τ) = w1·mean_t|δ_t| + w2·mean_t ρ_t + w3·mean_t H_t.
+    """p(τ) = w1·mean_t|δ_t| + w2·mean_t ρ_t + w3·mean_t H_t with H_t = −log π(a_t|s_t).
 
     Args:
         deltas: ``[B, T]`` TD errors δ_t (``aride.td_errors``).
-        rhos: ``[B, T]`` importance ratios ρ_t (``aride.importance_ratios``), raw.
-        surprise: ``[B, T]`` H_t: the learner passes −log π(a_t|s_t) of the taken action (the authors' code).
+        rhos: ``[B, T]`` importance ratios ρ_t (``aride.importance_ratios``).
+        logp: ``[B, T]`` log π(a_t|s_t) under the current policy.
         mask: ``[B, T]`` bool.
         w1: weight of the TD-error term.
         w2: weight of the importance-ratio term.
-        w3: weight of the surprise term.
+        w3: weight of the entropy (surprise) term.
 
     Returns:
         ``[B]`` priorities, detached.
@@ -63,7 +63,7 @@ def trajectory_priorities(
     def mean(x: Tensor) -> Tensor:
         return (x.detach() * m).sum(dim=1) / n
 
-    return w1 * mean(deltas.abs()) + w2 * mean(rhos) + w3 * mean(surprise)
+    return w1 * mean(deltas.abs()) + w2 * mean(rhos) + w3 * mean(-logp)
 
 
 def is_beta(update: int, start: float, end: float, anneal_updates: int) -> float:

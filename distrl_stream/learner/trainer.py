@@ -183,9 +183,9 @@ class FeatureCache:
     def __call__(self, prompts: Sequence[Prompt]) -> Tensor:
         """``[len(prompts), hidden]`` features, no gradient."""
         keys = [_cache_key(p) for p in prompts]
-        missing = list({k: p for k, p in zip(keys, prompts, strict=True) if k not in self._cache}.items())
-        computed = prompt_features(self.model, self.tokenizer, [p for _k, p in missing]) if missing else None
-        fresh = {k: computed[i] for i, (k, _p) in enumerate(missing)} if computed is not None else {}
+        missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self._cache}
+        computed = prompt_features(self.model, self.tokenizer, list(missing.values())) if missing else []
+        fresh = dict(zip(missing, computed, strict=True))
         self.misses += len(missing)
         self.hits += len(prompts) - len(missing)
         rows = []
@@ -385,7 +385,7 @@ class Trainer:
             loss = loss + self._trajectory_critic_loss(sample.episodes)
         grads = self._step(loss, policy=not warming_up)
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
-        priorities = self._priorities(deltas, rhos, logp, batch.mask)
+        priorities = trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
         self.buffer.update_priorities(sample.keys, priorities)
         return {
             "loss_policy": pl.loss.item(),
@@ -615,13 +615,7 @@ class Trainer:
         bootstrap = self.bootstrap_values(episodes)
         rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
-        return self._priorities(deltas, rhos, logp, batch.mask)
-
-    def _priorities(self, deltas: Tensor, rhos: Tensor, logp: Tensor, mask: Tensor) -> Tensor:
-        """DPER's p(τ) (docs/design.md §5.7): raw ρ and the taken action's −log π, as the authors' code; ρ clipped at ρ̄
-        and the policy's entropy were measured no better (docs/learner.md)."""
-        cfg = self.cfg
-        return trajectory_priorities(deltas, rhos, -logp, mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
+        return trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
 
     def refresh_priorities(self) -> int:
         """Recompute every held episode's priority; returns how many were updated.

@@ -183,8 +183,8 @@ def test_trajectory_priority_is_w1_td_plus_w2_rho_plus_w3_surprise() -> None:
     mask = torch.tensor([[True, True], [True, False]])
     deltas = torch.tensor([[0.2, -0.4], [0.1, 9.0]])
     rhos = torch.tensor([[1.0, 3.0], [0.5, 9.0]])
-    surprise = torch.tensor([[1.0, 3.0], [0.5, -9.0]])
-    p = trajectory_priorities(deltas, rhos, surprise, mask, w1=50.0, w2=1.0, w3=0.01)
+    logp = torch.tensor([[-1.0, -3.0], [-0.5, 9.0]])
+    p = trajectory_priorities(deltas, rhos, logp, mask, w1=50.0, w2=1.0, w3=0.01)
     assert p.tolist() == pytest.approx([50 * 0.3 + 2.0 + 0.01 * 2.0, 50 * 0.1 + 0.5 + 0.01 * 0.5])
 
 
@@ -200,7 +200,7 @@ def test_refresh_all_rescores_every_episode_and_changes_sampling() -> None:
         values = torch.full(batch.rewards.shape, 0.5)
         deltas = aride.td_errors(batch.rewards, values, torch.zeros(len(episodes)), batch.done, batch.mask, 0.5)
         rhos = batch.mask.float()
-        return trajectory_priorities(deltas, rhos, -batch.behaviour_logp, batch.mask, w1=50.0, w2=1.0, w3=0.01)
+        return trajectory_priorities(deltas, rhos, batch.behaviour_logp, batch.mask, w1=50.0, w2=1.0, w3=0.01)
 
     assert buf.refresh_all(score, batch_size=5) == 12
     assert sorted(seen) == keys
