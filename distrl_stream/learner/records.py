@@ -321,14 +321,24 @@ def check_screenshots(episode: EpisodeRecord) -> None:
     Raises:
         ScreenshotError: a step without one, or whose image is missing, unreadable or altered (named).
     """
-    for t, step in enumerate(episode.steps):
-        where = f"episode {episode.episode_id!r} step {t}"
-        if step.screenshot_uri is None or step.screenshot_sha256 is None:
-            raise ScreenshotError(f"{where}: no screenshot for a policy that reads them")
-        try:
-            read_screenshot(step.screenshot_uri, step.screenshot_sha256)
-        except ScreenshotError as exc:
-            raise ScreenshotError(f"{where}: {exc}") from None
+    for t in range(len(episode)):
+        step_screenshot(episode, t)
+
+
+def step_screenshot(episode: EpisodeRecord, t: int, read: Callable[[str, str], bytes] = read_screenshot) -> bytes:
+    """Step ``t``'s screenshot, read by ``read`` (a verifying reader: :func:`read_screenshot`, or a cache of it).
+
+    Raises:
+        ScreenshotError: the step has none, or its image is missing, unreadable or altered (the step named).
+    """
+    step = episode.steps[t]
+    where = f"episode {episode.episode_id!r} step {t}"
+    if step.screenshot_uri is None or step.screenshot_sha256 is None:
+        raise ScreenshotError(f"{where}: no screenshot for a policy that reads them")
+    try:
+        return read(step.screenshot_uri, step.screenshot_sha256)
+    except ScreenshotError as exc:
+        raise ScreenshotError(f"{where}: {exc}") from None
 
 
 def _array(tensor: WireTensor, where: str) -> np.ndarray:

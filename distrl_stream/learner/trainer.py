@@ -39,7 +39,7 @@ from distrl_stream.events.screenshots import read_screenshot
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
-from distrl_stream.learner.records import EpisodeRecord, check_choices, check_screenshots, collate
+from distrl_stream.learner.records import EpisodeRecord, check_choices, check_screenshots, collate, step_screenshot
 from distrl_stream.policy.logprobs import (
     ChoiceConstraint,
     Encoder,
@@ -544,11 +544,7 @@ class Trainer:
         """The prompt the policy saw at step ``t`` (the collector's, rebuilt in the base model's format; a vision
         policy's with the step's screenshot, read back through its claim check)."""
         step = episode.steps[t]
-        screenshot = None
-        if self.prompter.vision:
-            if step.screenshot_uri is None or step.screenshot_sha256 is None:
-                raise ScreenshotError(f"episode {episode.episode_id!r} step {t} has no screenshot")
-            screenshot = _verified_screenshot(step.screenshot_uri, step.screenshot_sha256)
+        screenshot = step_screenshot(episode, t, _verified_screenshot) if self.prompter.vision else None
         return self.prompter(
             episode.instruction, step.observation, episode.previous_actions(t), step.candidates, screenshot=screenshot
         )
