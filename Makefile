@@ -14,7 +14,7 @@ setup:
 
 # Everything but the whole run on a 3-node cluster (minutes of three JVMs beside vLLM): `make test-cluster` runs it.
 test: setup
-	$(BIN)/pytest -m "not cluster" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not cluster" --durations=30 $(PYTEST_ARGS)
 
 test-cluster: setup
 	$(BIN)/pytest -m cluster $(PYTEST_ARGS)
