@@ -47,10 +47,11 @@ the learner published it, from the moment the method's processes were launched.
 A pretrained model (``--model smollm2-135m-instruct``, the paper's setting: RL fine-tuning of a pretrained agent): the
 model is pulled into the default data dir (``distrl-stream model pull``) and served as ``up``'s pretrained profile
 serves it (float32, ``max_model_len`` 2048); prompts are its chat template's; there is no warm start: every method
-starts from the zero-shot policy (version 0, the base model, which each curve shows at 0 s); the learners run the
-pretrained profile (``PRETRAINED_LEARNER``); K defaults to 4. The success target is one every method can reach
-(zero-shot plus half the gap to the run's best final success, ``time_to_target_s``) and the sync speed-up's target
-the paper's 2.4.
+starts from the zero-shot policy (version 0, the base model, which each curve holds from 0 s until the method's first
+version is published); the learners run the pretrained profile (``PRETRAINED_LEARNER``); K defaults to 4 and, as on
+the tiny model, collection is not rate-limited. Best and final success are over a method's own versions. The success
+target is one every compared method reaches (zero-shot plus half the gap to the lowest best success among them,
+``time_to_target_s``; null when one never rose above zero-shot) and the sync speed-up's target the paper's 2.4.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
 [--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--model NAME] [--out FILE]`` writes
@@ -155,8 +156,8 @@ LEARNER = {
 }
 WARM_LR = 3e-3
 # A pretrained model's learner: `up`'s pretrained profile (micro-batches of 2 steps, checkpointing, lr 3e-4, γ 0.9) over
-# LEARNER, except the critic warm-up: the profile's 10 updates would be most of a run's ~12 (~37 s an update), leaving
-# A-RIDE, the only method that warms up, two policy steps.
+# LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~30 s an
+# update), leaving A-RIDE, the only method that warms up, no policy step.
 PRETRAINED_LEARNER = {**LEARNER, **PRETRAINED_UP_PROFILE["learner"], "critic_warmup_updates": 2}
 # Each method: its update rule, its collection mode, and what it changes in LEARNER.
 METHODS: dict[str, dict[str, Any]] = {
@@ -228,6 +229,7 @@ def warm_start(cfg: Config, scripted_run: str, updates: int) -> Path:
 
 
 def make_warm_start(
+    *,
     base: dict[str, Any],
     cfg: Config,
     tasks: list[Any],
@@ -300,12 +302,16 @@ class TrainRun:
     launched: float  # epoch seconds
     versions: list[WeightVersionEvent] = field(default_factory=list)
     trajectories: int = 0
-    learner_updates: int = 0
+    learner_updates: int = 0  # behind the last version published within the budget
     learner_stats: list[dict[str, float]] = field(default_factory=list)
 
     def seconds(self, event: WeightVersionEvent) -> float:
         """When ``event`` was published, from the launch."""
         return epoch_ms(event.created_at) / 1000.0 - self.launched
+
+    def published_within(self, budget_s: float) -> list[WeightVersionEvent]:
+        """The versions published within the budget (an update finishing after the stop signal is not the method's)."""
+        return [e for e in self.versions if self.seconds(e) <= budget_s]
 
 
 def train(
@@ -384,7 +390,7 @@ def train(
     versions = [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, topics.weights)]
     result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
     result.trajectories = sum(1 for _ in read_topic(cfg.kafka, topics.trajectories))
-    result.learner_updates = max((e.learner_step for e in versions), default=0)
+    result.learner_updates = max((e.learner_step for e in result.published_within(budget_s)), default=0)
     for msg in read_topic(cfg.kafka, topics.metrics):
         metric = decode(msg.value(), MetricEvent)
         if metric.role == "learner" and "updates" in metric.values:
@@ -399,8 +405,9 @@ def train(
 def local_services(
     root: Path, inference_url: str | None = None, pretrained: str | None = None
 ) -> Iterator[tuple[Path, str, str]]:
-    """The tiny model (or the ``pretrained`` one, pulled into the default data dir and served as `up`'s pretrained
-    profile serves it), an embedded broker and a vLLM server on the model (or ``inference_url``), under ``root``.
+    """The tiny model (or the ``pretrained`` one, pulled into the repository's data dir and served as ``up``'s
+    pretrained profile serves it), an embedded broker and a vLLM server on the model (or ``inference_url``), under
+    ``root``.
 
     Yields (model folder, bootstrap servers, server URL); both services stop on the way out, whatever happened.
     """
@@ -437,7 +444,7 @@ def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
     """At most ``points`` versions published within the budget, evenly spaced in time, always the first and last."""
-    inside = [e for e in run.versions if run.seconds(e) <= budget_s]
+    inside = run.published_within(budget_s)
     if len(inside) <= points:
         return inside
     chosen = {0, len(inside) - 1}
@@ -482,14 +489,14 @@ async def evaluate_curve(
 
 
 def sync_speedup(times: dict[str, float | None], target: float | None) -> tuple[float | None, str | None]:
-    """``digirl_sync`` time-to-target ÷ ``aride_async`` time-to-target, or None and why: a missing arm or a method
-    that never reached the target has no time to divide (counting it as the whole budget made the ratio an artifact
-    of the budget)."""
+    """``digirl_sync`` time-to-target ÷ ``aride_async`` time-to-target, or None and why: a missing arm, no target
+    (None), or a method that never reached it has no time to divide (counting it as the whole budget made the ratio
+    an artifact of the budget)."""
     missing = [m for m in ("digirl_sync", "aride_async") if m not in times]
     if missing:
         return None, f"no {' and no '.join(missing)} arm in this run"
     if target is None:
-        return None, "no method ended above zero-shot: no target to reach"
+        return None, "a compared method never rose above zero-shot: no target every method reaches"
     never = [m for m in ("digirl_sync", "aride_async") if times[m] is None]
     if never:
         return None, f"{' and '.join(never)} never reached {target:.0%} within the budget"
@@ -501,6 +508,24 @@ def sync_speedup(times: dict[str, float | None], target: float | None) -> tuple[
 def time_to(curve: list[dict[str, Any]], target: float) -> float | None:
     """Seconds until the first evaluated version at or above ``target`` (None: never within the budget)."""
     return next((p["seconds"] for p in curve if p["success"] >= target), None)
+
+
+def with_zero_shot(curve: list[dict[str, Any]], zero_shot: EvalResult) -> list[dict[str, Any]]:
+    """``curve`` after version 0, the base model, which every method serves from 0 s until its first version is
+    published: the area then gives no credit for a change before it happened."""
+    point = {"version": 0, "learner_step": 0, "trajectories_consumed": 0}
+    point |= {"success": zero_shot.success_rate, "by_template": zero_shot.by_template}
+    held = [{**point, "seconds": 0.0}] + [{**point, "seconds": p["seconds"]} for p in curve[:1]]
+    return held + curve
+
+
+def reachable_target(trained: dict[str, list[dict[str, Any]]], zero_shot: float) -> float | None:
+    """A success target every compared method reaches: zero-shot plus ``TARGET_GAP_SHARE`` of the gap to the lowest
+    best success among the methods of :data:`BASELINES` in the run (all of them when none is); None when one of them
+    never rose above zero-shot."""
+    compared = [m for m in trained if m in BASELINES] or list(trained)
+    lowest_best = min(max((p["success"] for p in trained[m]), default=zero_shot) for m in compared)
+    return zero_shot + TARGET_GAP_SHARE * (lowest_best - zero_shot) if lowest_best > zero_shot else None
 
 
 def area_under(curve: list[dict[str, Any]], budget_s: float) -> float | None:
@@ -581,13 +606,16 @@ def combine(files: list[Path], out: Path) -> dict[str, Any]:
         raise SystemExit(f"--combine: the files repeat a seed ({seeds})")
     if len({r["metrics"]["warm_start_weights_sha256"] for r in runs}) != 1:
         raise SystemExit("--combine: the files do not share one warm start")
+    for setting in ("model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner"):
+        if len({json.dumps(r["metrics"].get(setting), sort_keys=True) for r in runs}) != 1:
+            raise SystemExit(f"--combine: the files differ in {setting}")
 
     reported = [metric for metric in SEED_METRICS if all(metric in r["metrics"] for r in runs)]
     ratios = [r["ratio"] for r in runs]
     reasons = [r["metrics"].get("ratio_reason") for r in runs]
 
-    def summary(metric: str, method: str) -> dict[str, Any]:
-        values = [r["metrics"][metric][method] for r in runs]
+    def summary(metric: str, method: str | None = None) -> dict[str, Any]:
+        values = [r["metrics"][metric] if method is None else r["metrics"][metric][method] for r in runs]
         known = [v for v in values if v is not None]
         return {
             "mean": statistics.fmean(known) if known else None,
@@ -604,17 +632,18 @@ def combine(files: list[Path], out: Path) -> dict[str, Any]:
         "ratio_reason_per_seed": reasons,
         "method_settings": {m: runs[0]["metrics"]["method_settings"][m] for m in methods},
         "warm_start_success": runs[0]["metrics"]["warm_start_success"],
-        "untrained_success": runs[0]["metrics"]["untrained_success"],
+        "untrained_success": summary("untrained_success"),  # evaluated again in every seed's run
         "budget_s_per_method": runs[0]["metrics"]["budget_s_per_method"],
         "eval_tasks": runs[0]["metrics"]["eval_tasks"],
         "templates": runs[0]["metrics"]["templates"],
     }
-    # The sync speed-up only where every seed measured one; else null, with each seed's reason in the metrics.
+    # The sync speed-up (geometric mean: a ratio) only where every seed measured one; else null, with each seed's
+    # reason in the metrics.
     measured = all(ratio is not None for ratio in ratios)
     result = {
         "name": "learning",
         "quick": any(r["quick"] for r in runs),
-        "ratio": statistics.fmean(ratios) if measured else None,
+        "ratio": statistics.geometric_mean(ratios) if measured else None,
         "ratio_reason": None if measured else "not every seed has a sync time-to-target ÷ async time-to-target",
         "target": runs[0]["target"],
         "metrics": metrics,
@@ -695,7 +724,9 @@ def main() -> None:
     parser.add_argument("--noise", type=float, default=0.3, help="scripted policy's random-action probability")
     parser.add_argument("--scripted-episodes", type=int, default=300, help="episodes of the scripted policy")
     parser.add_argument("--bc-updates", type=int, default=600, help="behaviour-cloning updates of the warm start")
-    parser.add_argument("--inference-url", help="use this running vLLM server (serving the tiny model) instead of one")
+    parser.add_argument(
+        "--inference-url", help="use this running vLLM server (serving the bench's model as it would) instead of one"
+    )
     parser.add_argument(
         "--model",
         choices=sorted(PRETRAINED),
@@ -740,7 +771,7 @@ def main() -> None:
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
-    settings = PRETRAINED_LEARNER if args.model else LEARNER
+    learner_profile = PRETRAINED_LEARNER if args.model else LEARNER
     for name, settings in args.variant:
         if name in METHODS:  # a method's name is its run's name: two methods must never share one
             parser.error(f"--variant {name}: that name is already a method")
@@ -749,6 +780,8 @@ def main() -> None:
     methods = [m for m in args.methods.split(",") if m] + [name for name, _settings in args.variant]
     if unknown := [m for m in methods if m not in METHODS]:
         parser.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
+    if not methods:
+        parser.error("--methods: no method to run")
     templates = [t for t in args.templates.split(",") if t]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -777,7 +810,7 @@ def main() -> None:
                     "latency": "lognormal",
                     "latency_mean_s": args.latency_mean,
                 },
-                "learner": dict(settings),
+                "learner": dict(learner_profile),
                 # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
                 "artifacts": {"store": "file"},
             }
@@ -790,15 +823,25 @@ def main() -> None:
                 scripted_success, warm, warm_weights_sha256 = None, None, None
             else:
                 scripted_success, warm, warm_weights_sha256 = make_warm_start(
-                    base, cfg, tasks, server_url, root, args.scripted_episodes, args.noise, args.bc_updates
+                    base=base,
+                    cfg=cfg,
+                    tasks=tasks,
+                    server_url=server_url,
+                    root=root,
+                    episodes=args.scripted_episodes,
+                    noise=args.noise,
+                    bc_updates=args.bc_updates,
                 )
-            log.info(
-                "untrained %.2f, scripted (noise %.2f) %s, warm start %s",
-                untrained.success_rate,
-                args.noise,
-                scripted_success,
-                None if warm is None else warm.success_rate,
-            )
+            if warm is None:
+                log.info("zero-shot %.2f", untrained.success_rate)
+            else:
+                log.info(
+                    "untrained %.2f, scripted (noise %.2f) %.2f, warm start %.2f",
+                    untrained.success_rate,
+                    args.noise,
+                    scripted_success,
+                    warm.success_rate,
+                )
 
             # The seed moves what the methods do from here on; the warm start and the held-out tasks above stay.
             base["learner"]["seed"] = args.seed
@@ -812,24 +855,15 @@ def main() -> None:
                 )
                 for m, r in runs.items()
             }
+    trained = curves  # each method's own versions (best and final are over these)
     if args.model:
-        # Every method starts as the base model (version 0) until its first version: the zero-shot result is each
-        # curve's point at 0 s, and the target one every method can reach.
-        zero_shot = {"version": 0, "seconds": 0.0, "learner_step": 0, "trajectories_consumed": 0}
-        zero_shot |= {"success": untrained.success_rate, "by_template": untrained.by_template}
-        curves = {m: [zero_shot, *c] for m, c in curves.items()}
-        gap = max(c[-1]["success"] for c in curves.values()) - untrained.success_rate
-        # No method ended above zero-shot: there is no target above the start to reach.
-        target = untrained.success_rate + TARGET_GAP_SHARE * gap if gap > 0 else None
-        reached: dict[str, Any] = {
-            "time_to_target_s": {m: None if target is None else time_to(c, target) for m, c in curves.items()}
-        }
-        target_note = f"zero-shot + {TARGET_GAP_SHARE} × (best final of the run − zero-shot)"
+        curves = {m: with_zero_shot(c, untrained) for m, c in curves.items()}
+        target = reachable_target(trained, untrained.success_rate)
+        times_key, target_note = "time_to_target_s", f"zero-shot + {TARGET_GAP_SHARE} × (lowest best − zero-shot)"
     else:
         target = TARGET_SUCCESS
-        reached = {"time_to_80_s": {m: time_to(c, target) for m, c in curves.items()}}
-        target_note = "fixed"
-    times = next(iter(reached.values()))
+        times_key, target_note = "time_to_80_s", "fixed"
+    times = {m: None if target is None else time_to(c, target) for m, c in curves.items()}
     ratio, ratio_reason = sync_speedup(times, target)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plot(curves, untrained.success_rate, target, budget, templates, args.out.with_suffix(".png"))
@@ -839,14 +873,14 @@ def main() -> None:
         "ratio": ratio,
         "target": TARGET_RATIO_PRETRAINED if args.model else TARGET_RATIO,
         "metrics": {
-            **reached,
+            times_key: times,
             "target_success": target,
             "target_note": target_note,
             "reached_target": {m: t is not None for m, t in times.items()},
             "ratio_note": "sync time-to-target / async time-to-target, only when both ran and both reached it",
             "ratio_reason": ratio_reason,
-            "final_success": {m: c[-1]["success"] if c else None for m, c in curves.items()},
-            "best_success": {m: max((p["success"] for p in c), default=None) for m, c in curves.items()},
+            "final_success": {m: c[-1]["success"] if c else None for m, c in trained.items()},
+            "best_success": {m: max((p["success"] for p in c), default=None) for m, c in trained.items()},
             "auc": {m: area_under(c, budget) for m, c in curves.items()},
             "method_settings": {m: METHODS[m] for m in curves},
             "learner_stats": {m: r.learner_stats for m, r in runs.items()},
@@ -857,7 +891,7 @@ def main() -> None:
             "warm_start_by_template": None if warm is None else warm.by_template,
             "scripted_policy_success": scripted_success,
             "curves": curves,
-            "versions_published": {m: len(r.versions) for m, r in runs.items()},
+            "versions_published": {m: len(r.published_within(budget)) for m, r in runs.items()},
             "trajectories": {m: r.trajectories for m, r in runs.items()},
             "learner_updates": {m: r.learner_updates for m, r in runs.items()},
             "budget_s_per_method": budget,
@@ -866,10 +900,10 @@ def main() -> None:
             "templates": templates,
             "latency": {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0},
             "eval_tasks": eval_tasks,
-            "learner": settings,
-            "scripted_noise": args.noise,
-            "scripted_episodes": args.scripted_episodes,
-            "bc_updates": args.bc_updates,
+            "learner": learner_profile,
+            "scripted_noise": None if args.model else args.noise,
+            "scripted_episodes": None if args.model else args.scripted_episodes,
+            "bc_updates": None if args.model else args.bc_updates,
             "model": args.model or "tiny (0.33M parameters, LoRA rank 8 on all projections)",
             "inference": PRETRAINED_UP_PROFILE["inference"] if args.model else {},
             "wall_s": time.monotonic() - started,
@@ -881,7 +915,7 @@ def main() -> None:
         },
     }
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in result.items() if k != "metrics"} | reached, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "metrics"} | {times_key: times}, indent=2))
 
 
 if __name__ == "__main__":
