@@ -45,7 +45,7 @@ flat before its first and after its last point), the curve itself, the learner's
 the learner published it, from the moment the method's processes were launched.
 
 A pretrained model (``--model smollm2-135m-instruct``, the paper's setting: RL fine-tuning of a pretrained agent): the
-model is pulled into the default data dir (``distrl-stream model pull``) and served as ``up``'s pretrained profile
+model is pulled into the repository's data dir (``distrl-stream model pull``) and served as ``up``'s pretrained profile
 serves it (float32, ``max_model_len`` 2048); prompts are its chat template's; there is no warm start: every method
 starts from the zero-shot policy (version 0, the base model, which each curve holds from 0 s until the method's first
 version is published); the learners run the pretrained profile (``PRETRAINED_LEARNER``); K defaults to 4 and, as on
@@ -115,12 +115,18 @@ RESULTS = Path(__file__).parent / "results" / "learning.json"
 TARGET_RATIO = 3.0
 TARGET_SUCCESS = 0.8
 # A pretrained model (--model): the paper's collection speed-up is the ratio's target, and the success target is one
-# every method can reach: zero-shot plus this share of the gap to the best final success of the run.
+# every compared method reaches: zero-shot plus this share of the gap to the lowest best success among them.
 TARGET_RATIO_PRETRAINED = 2.4
 TARGET_GAP_SHARE = 0.5
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
 # The repository's default data dir, wherever the script is run from: a pretrained model pulled by `up` is reused.
 DATA_DIR = Path(__file__).resolve().parents[1] / "distrl-data"
+
+
+def repository_model_dir(name: str) -> Path:
+    """Where the pretrained model ``name`` is pulled in the repository's data dir (as ``up`` run there pulls it)."""
+    return pulled_model_dir(load_config(None, data_dir=DATA_DIR), name)
+
 
 # Five one-goal templates and three multi-step ones (two goals in one instruction, 3 to 6 right choices).
 TEMPLATES = [
@@ -156,7 +162,7 @@ LEARNER = {
 }
 WARM_LR = 3e-3
 # A pretrained model's learner: `up`'s pretrained profile (micro-batches of 2 steps, checkpointing, lr 3e-4, γ 0.9) over
-# LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~30 s an
+# LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~36 s an
 # update), leaving A-RIDE, the only method that warms up, no policy step.
 PRETRAINED_LEARNER = {**LEARNER, **PRETRAINED_UP_PROFILE["learner"], "critic_warmup_updates": 2}
 # Each method: its update rule, its collection mode, and what it changes in LEARNER.
@@ -415,7 +421,7 @@ def local_services(
         model_dir = build_model(root / "tiny", "tiny", seed=0)
         inference = InferenceConfig(port=0, startup_timeout_s=300.0)
     else:
-        model_dir = pull(pretrained, pulled_model_dir(load_config(None, data_dir=DATA_DIR), pretrained))
+        model_dir = pull(pretrained, repository_model_dir(pretrained))
         inference = InferenceConfig(port=0, startup_timeout_s=600.0, **PRETRAINED_UP_PROFILE["inference"])
     broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
     bootstrap = broker.start()
@@ -515,7 +521,9 @@ def with_zero_shot(curve: list[dict[str, Any]], zero_shot: EvalResult) -> list[d
     published: the area then gives no credit for a change before it happened."""
     point = {"version": 0, "learner_step": 0, "trajectories_consumed": 0}
     point |= {"success": zero_shot.success_rate, "by_template": zero_shot.by_template}
-    held = [{**point, "seconds": 0.0}] + [{**point, "seconds": p["seconds"]} for p in curve[:1]]
+    held = [{**point, "seconds": 0.0}]
+    if curve:  # until the first version (without one, the base model is served for the whole budget)
+        held.append({**point, "seconds": curve[0]["seconds"]})
     return held + curve
 
 

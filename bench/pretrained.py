@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from learning import TEMPLATES
+from learning import TEMPLATES, repository_model_dir
 
 from distrl_stream.collector.evaluation import EvalResult, evaluate_policy, held_out_tasks
 from distrl_stream.config import Config, load_config
@@ -47,7 +47,7 @@ from distrl_stream.policy.prompt import Prompter
 
 RESULTS = Path(__file__).parent / "results" / "pretrained.json"
 MODEL = "smollm2-135m-instruct"
-MODEL_DIR = Path(__file__).resolve().parents[1] / "distrl-data" / "models" / MODEL
+MODEL_DIR = repository_model_dir(MODEL)
 TARGET_RATIO = 0.7
 TARGET_RSS_GB = 3.0
 # Address space of one learner child (RLIMIT_AS); the model, torch and the libraries take about 4 GB of it.
