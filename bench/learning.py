@@ -33,9 +33,10 @@ process gets one CPU core to itself and the vLLM server, the collector and the b
 
 Evaluation happens after the fact, so it never takes CPU from training: every method's published versions (evenly
 spaced in time, at most ``--points`` of them, always the last) are verified and hot-loaded one by one into the same
-server and run on a fixed set of held-out (test-split) tasks, one episode each (``distrl_stream.collector.evaluation``),
-with the step latency off: it changes how long an episode takes, never its outcome (the sim's world depends on the
-task alone), and the slowest task would otherwise set the length of every evaluation.
+server, restarted on every core once training is over, and run on a fixed set of held-out (test-split) tasks, one
+episode each (``distrl_stream.collector.evaluation``), with the step latency off: it changes how long an episode
+takes, never its outcome (the sim's world depends on the task alone), and the slowest task would otherwise set the
+length of every evaluation.
 
 Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3), null with ``ratio_reason`` when the sync arm
 did not run or either method never reached 80%; ``metrics`` has, per method, the time to 80% (or None), final and best
@@ -81,7 +82,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.common import progress_bar
@@ -407,15 +408,21 @@ def train(
     return result
 
 
+class Services(NamedTuple):
+    """What ``local_services`` started: the model folder, the broker's bootstrap servers, the server's URL and the
+    server itself (None when the bench uses a running one)."""
+
+    model_dir: Path
+    bootstrap: str
+    url: str
+    server: InferenceServer | None
+
+
 @contextlib.contextmanager
-def local_services(
-    root: Path, inference_url: str | None = None, pretrained: str | None = None
-) -> Iterator[tuple[Path, str, str]]:
+def local_services(root: Path, inference_url: str | None = None, pretrained: str | None = None) -> Iterator[Services]:
     """The tiny model (or the ``pretrained`` one, pulled into the repository's data dir and served as ``up``'s
     pretrained profile serves it), an embedded broker and a vLLM server on the model (or ``inference_url``), under
-    ``root``.
-
-    Yields (model folder, bootstrap servers, server URL); both services stop on the way out, whatever happened.
+    ``root``. Both services stop on the way out, whatever happened.
     """
     if pretrained is None:
         model_dir = build_model(root / "tiny", "tiny", seed=0)
@@ -429,7 +436,7 @@ def local_services(
     try:
         if inference_url is None:
             server.start()
-        yield model_dir, bootstrap, inference_url or server.url
+        yield Services(model_dir, bootstrap, inference_url or server.url, None if inference_url else server)
     finally:
         server.stop()
         broker.stop()
@@ -446,6 +453,21 @@ def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
     if shared or len(cores) < 2:
         return None, None
     return {cores[0]}, set(cores[1:])
+
+
+def serve_evaluations_on(services: Services, cores: set[int]) -> str:
+    """Restart the bench's own server on ``cores`` (all of them, once training is over) and return its URL.
+
+    vLLM on CPU starts one thread per core it may use and keeps them, so a server started on the serving core alone
+    evaluates on one core while the learner's idles. Outcomes do not change (evaluation samples at the policy's
+    temperature either way), only how long the evaluations take. A server the bench did not start is left alone.
+    """
+    os.sched_setaffinity(0, cores)  # inherited by the new server
+    if services.server is None:
+        return services.url
+    services.server.stop()
+    services.server.start()
+    return services.server.url
 
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
@@ -794,6 +816,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
+    all_cores = os.sched_getaffinity(0)
     learner_cores, serving_cores = split_cores(shared=args.shared_cores)
     if serving_cores is not None:
         # Inherited by everything the bench starts (broker, vLLM server, collectors); the learner is moved off it.
@@ -801,7 +824,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         root = Path(tmp)
-        with local_services(root, args.inference_url, args.model) as (model_dir, bootstrap, server_url):
+        with local_services(root, args.inference_url, args.model) as services:
+            model_dir, bootstrap, server_url = services.model_dir, services.bootstrap, services.url
             prefix = f"bench-learning-{uuid.uuid4().hex[:6]}"
             base: dict[str, Any] = {
                 "run": prefix,
@@ -855,6 +879,8 @@ def main() -> None:
             base["learner"]["seed"] = args.seed
             base["env"]["seed"] = args.seed
             runs = {m: train(m, base, root, server_url, budget, envs, learner_cores) for m in methods}
+            if serving_cores is not None:
+                server_url = serve_evaluations_on(services, all_cores)
             curves = {
                 m: asyncio.run(
                     evaluate_curve(
@@ -919,6 +945,7 @@ def main() -> None:
             "cores": {
                 "learner": sorted(learner_cores) if learner_cores else "shared",
                 "inference_and_collector": sorted(serving_cores) if serving_cores else "shared",
+                "evaluation": sorted(all_cores),
             },
         },
     }

@@ -11,8 +11,8 @@ Held-out success (test-split seeds of the same 8 tasks, one episode each, ``--ev
 - the **untrained** policy (version 0, the base model, what the server serves before any version);
 - a **random reference**: a uniformly random candidate at every step (``ScriptedPolicy`` without an oracle), which is
   what an untrained policy with no preference among candidates would score;
-- the **trained** versions over time, evaluated after the fact on the same server (``--points`` of them, always the
-  last), so evaluation never takes CPU from training.
+- the **trained** versions over time, evaluated after the fact on the same server, restarted on every core
+  (``--points`` of them, always the last), so evaluation never takes CPU from training.
 
 Model: the tiny model (0.33M parameters): it is the only one that trains at several updates per minute on one CPU
 core while chromium, vLLM and the collector share the other; the choice-mode action space (the env's own candidates)
@@ -40,7 +40,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from learning import LEARNER, area_under, evaluate_curve, local_services, pick_versions, split_cores, train
+from learning import (
+    LEARNER,
+    area_under,
+    evaluate_curve,
+    local_services,
+    pick_versions,
+    serve_evaluations_on,
+    split_cores,
+    train,
+)
 
 from distrl_stream.collector.evaluation import evaluate, evaluate_policy, held_out_tasks
 from distrl_stream.config import load_config
@@ -90,13 +99,15 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
+    all_cores = os.sched_getaffinity(0)
     learner_cores, serving_cores = split_cores(shared=False)
     if serving_cores is not None:
         os.sched_setaffinity(0, serving_cores)
 
     with tempfile.TemporaryDirectory(prefix="bench-learning-miniwob-") as tmp:
         root = Path(tmp)
-        with local_services(root) as (model_dir, bootstrap, server_url):
+        with local_services(root) as services:
+            model_dir, bootstrap, server_url = services.model_dir, services.bootstrap, services.url
             base: dict[str, Any] = {
                 "run": f"bench-miniwob-{uuid.uuid4().hex[:6]}",
                 "data_dir": str(root / "data"),
@@ -118,6 +129,8 @@ def main() -> None:
             log.info("untrained %.2f, random %.2f", untrained.success_rate, random_play.success_rate)
 
             run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)
+            if serving_cores is not None:
+                server_url = serve_evaluations_on(services, all_cores)
             picked = pick_versions(run, args.budget, args.points)
             curve = asyncio.run(
                 evaluate_curve(cfg, server_url, root / "staging", run, picked, tasks, concurrency=args.eval_browsers)
