@@ -53,9 +53,11 @@ version is published); the learners run the pretrained profile (``PRETRAINED_LEA
 the tiny model, collection is not rate-limited. Best and final success are over a method's own versions. The success
 target is one every compared method reaches (zero-shot plus half the gap to the lowest best success among them,
 ``time_to_target_s``; null when one never rose above zero-shot) and the sync speed-up's target the paper's 2.4.
+With ``--env miniwob`` (``--model`` only) the same methods fine-tune it on the MiniWoB++ subset (``env.miniwob_tasks``,
+real headless chromium, ``MINIWOB_BROWSERS`` per evaluation) instead of the simulator.
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
-[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--model NAME] [--out FILE]`` writes
+[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--model NAME [--env miniwob]] [--out FILE]`` writes
 ``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE and the plot beside it). Seeds run one
 per invocation, each with its own file; ``python bench/learning.py --combine FILE… --out FILE`` then gives each
 method's mean, spread and per-seed values, and a plot of every seed's curve.
@@ -119,6 +121,8 @@ TARGET_SUCCESS = 0.8
 # every compared method reaches: zero-shot plus this share of the gap to the lowest best success among them.
 TARGET_RATIO_PRETRAINED = 2.4
 TARGET_GAP_SHARE = 0.5
+# Chromium environments per MiniWoB++ evaluation (--env miniwob): what bench/learning_miniwob.py runs on 2 cores.
+MINIWOB_BROWSERS = 4
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
 # The repository's default data dir, wherever the script is run from: a pretrained model pulled by `up` is reused.
 DATA_DIR = Path(__file__).resolve().parents[1] / "distrl-data"
@@ -574,10 +578,11 @@ def plot(
     untrained: float,
     target: float | None,
     budget_s: float,
-    templates: list[str],
+    where: str,
     path: Path,
 ) -> None:
-    """Held-out success over wall-clock time: the methods on the left, A-RIDE and its ablations on the right."""
+    """Held-out success over wall-clock time on ``where`` (e.g. "8 sim templates"): the methods on the left, A-RIDE
+    and its ablations on the right."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -601,7 +606,7 @@ def plot(
         ax.set_title(title)
         ax.legend(loc="lower right", fontsize=8)
     axes[0].set_ylabel("held-out success")
-    fig.suptitle(f"Held-out success over time ({len(templates)} sim templates, same budget, same envs)")
+    fig.suptitle(f"Held-out success over time ({where}, same budget, same envs)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -636,8 +641,9 @@ def combine(files: list[Path], out: Path) -> dict[str, Any]:
         raise SystemExit(f"--combine: the files repeat a seed ({seeds})")
     if len({r["metrics"]["warm_start_weights_sha256"] for r in runs}) != 1:
         raise SystemExit("--combine: the files do not share one warm start")
-    for setting in ("model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner"):
-        if len({json.dumps(r["metrics"].get(setting), sort_keys=True) for r in runs}) != 1:
+    for setting in ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner"):
+        default = "sim" if setting == "env" else None  # files written before --env existed are sim runs
+        if len({json.dumps(r["metrics"].get(setting, default), sort_keys=True) for r in runs}) != 1:
             raise SystemExit(f"--combine: the files differ in {setting}")
 
     reported = [metric for metric in SEED_METRICS if all(metric in r["metrics"] for r in runs)]
@@ -665,6 +671,7 @@ def combine(files: list[Path], out: Path) -> dict[str, Any]:
         "untrained_success": summary("untrained_success"),  # evaluated again in every seed's run
         "budget_s_per_method": runs[0]["metrics"]["budget_s_per_method"],
         "eval_tasks": runs[0]["metrics"]["eval_tasks"],
+        "env": runs[0]["metrics"].get("env", "sim"),
         "templates": runs[0]["metrics"]["templates"],
     }
     # The sync speed-up (geometric mean: a ratio) only where every seed measured one; else null, with each seed's
@@ -781,6 +788,13 @@ def main() -> None:
         "tasks are the same for every seed (one warm start, seeds compared on the same tasks)",
     )
     parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated sim templates")
+    parser.add_argument(
+        "--env",
+        choices=("sim", "miniwob"),
+        default="sim",
+        help="the simulator's templates, or the MiniWoB++ subset in headless chromium (with --model only: the tiny "
+        "model's warm start is scripted on the simulator; bench/learning_miniwob.py runs the tiny model there)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file (the plot goes beside it, .png)")
     parser.add_argument(
         "--shared-cores",
@@ -801,6 +815,7 @@ def main() -> None:
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
+    eval_concurrency = MINIWOB_BROWSERS if args.env == "miniwob" else 16
     learner_profile = PRETRAINED_LEARNER if args.model else LEARNER
     for name, settings in args.variant:
         if name in METHODS:  # a method's name is its run's name: two methods must never share one
@@ -812,6 +827,8 @@ def main() -> None:
         parser.error(f"--methods: unknown {', '.join(unknown)} (known: {', '.join(METHODS)})")
     if not methods:
         parser.error("--methods: no method to run")
+    if args.env == "miniwob" and not args.model:
+        parser.error("--env miniwob: needs --model (the tiny model's warm start is scripted on the simulator)")
     templates = [t for t in args.templates.split(",") if t]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -837,20 +854,22 @@ def main() -> None:
                     "request_timeout_s": 60.0,
                     **(PRETRAINED_UP_PROFILE["inference"] if args.model else {}),
                 },
-                "env": {
-                    "templates": templates,
-                    "latency": "lognormal",
-                    "latency_mean_s": args.latency_mean,
-                },
+                "env": (
+                    {"kind": "miniwob"}
+                    if args.env == "miniwob"
+                    else {"templates": templates, "latency": "lognormal", "latency_mean_s": args.latency_mean}
+                ),
                 "learner": dict(learner_profile),
                 # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
                 "artifacts": {"store": "file"},
             }
-            # Evaluation's settings: the same run and envs without step latency (see the module docstring).
+            # Evaluation's settings: the same run and envs without the sim's step latency (see the module docstring).
             cfg = load_config(None, **{**base, "env": {**base["env"], "latency": "none"}})
             tasks = held_out_tasks(cfg, eval_tasks)
+            if args.env == "miniwob":
+                templates = cfg.env.miniwob_tasks  # what the results call the tasks evaluated
 
-            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=16, version=0))
+            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=eval_concurrency, version=0))
             if args.model:  # the paper's setting: every method fine-tunes the zero-shot policy itself
                 scripted_success, warm, warm_weights_sha256 = None, None, None
             else:
@@ -884,7 +903,13 @@ def main() -> None:
             curves = {
                 m: asyncio.run(
                     evaluate_curve(
-                        cfg, server_url, root / f"staging-{m}", r, pick_versions(r, budget, args.points), tasks
+                        cfg,
+                        server_url,
+                        root / f"staging-{m}",
+                        r,
+                        pick_versions(r, budget, args.points),
+                        tasks,
+                        concurrency=eval_concurrency,
                     )
                 )
                 for m, r in runs.items()
@@ -900,7 +925,8 @@ def main() -> None:
     times = {m: None if target is None else time_to(c, target) for m, c in curves.items()}
     ratio, ratio_reason = sync_speedup(times, target)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    plot(curves, untrained.success_rate, target, budget, templates, args.out.with_suffix(".png"))
+    where = f"{len(templates)} MiniWoB++ tasks" if args.env == "miniwob" else f"{len(templates)} sim templates"
+    plot(curves, untrained.success_rate, target, budget, where, args.out.with_suffix(".png"))
     result: dict[str, Any] = {
         "name": "learning",
         "quick": args.quick,
@@ -931,8 +957,13 @@ def main() -> None:
             "budget_s_per_method": budget,
             "seed": args.seed,
             "envs": envs,
+            "env": args.env,
             "templates": templates,
-            "latency": {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0},
+            "latency": (
+                None
+                if args.env == "miniwob"
+                else {"model": "lognormal", "mean_s": args.latency_mean, "task_spread": 100.0}
+            ),
             "eval_tasks": eval_tasks,
             "learner": learner_profile,
             "scripted_noise": None if args.model else args.noise,
