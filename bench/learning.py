@@ -31,12 +31,13 @@ Same split of the machine: DistRL's learner trains on a device of its own while 
 process gets one CPU core to itself and the vLLM server, the collector and the broker the other(s), for every method
 (``--shared-cores``: all roles share all cores, which makes the asynchronous learner compete with collection).
 
-Evaluation happens after the fact, so it never takes CPU from training: every method's published versions (evenly
-spaced in time, at most ``--points`` of them, always the last) are verified and hot-loaded one by one into the same
-server, restarted on every core once training is over, and run on a fixed set of held-out (test-split) tasks, one
-episode each (``distrl_stream.collector.evaluation``), with the step latency off: it changes how long an episode
-takes, never its outcome (the sim's world depends on the task alone), and the slowest task would otherwise set the
-length of every evaluation.
+Evaluation happens after the fact, so it never takes CPU from training: the base model (version 0) and every
+method's published versions (evenly spaced in time, at most ``--points`` of them, always the last) are verified and
+hot-loaded one by one into the same server (restarted on every core once training is over, when the bench started it
+and split the cores) and run on a fixed set of held-out (test-split) tasks, one episode each
+(``distrl_stream.collector.evaluation``), with the sim's step latency off: it changes how long an episode takes, never
+its outcome (the sim's world depends on the task alone), and the slowest task would otherwise set the length of every
+evaluation.
 
 Headline: ``ratio`` = sync time-to-80% ÷ async time-to-80% (target ≥ 3), null with ``ratio_reason`` when the sync arm
 did not run or either method never reached 80%; ``metrics`` has, per method, the time to 80% (or None), final and best
@@ -101,7 +102,7 @@ from distrl_stream.config import (
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
-from distrl_stream.inference.server import InferenceServer, unload_all_adapters
+from distrl_stream.inference.server import InferenceServer, ServerStartError, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
@@ -459,19 +460,24 @@ def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
     return {cores[0]}, set(cores[1:])
 
 
-def serve_evaluations_on(services: Services, cores: set[int]) -> str:
-    """Restart the bench's own server on ``cores`` (all of them, once training is over) and return its URL.
+def serve_evaluations_on(server: InferenceServer, cores: set[int], *, fallback: set[int]) -> str:
+    """Restart the bench's own server, and move the bench (its environments), onto ``cores`` (all of them, once
+    training is over); returns the server's URL (the same port).
 
-    vLLM on CPU starts one thread per core it may use and keeps them, so a server started on the serving core alone
-    evaluates on one core while the learner's idles. Outcomes do not change (evaluation samples at the policy's
-    temperature either way), only how long the evaluations take. A server the bench did not start is left alone.
+    vLLM on CPU binds its compute threads when it starts, to the cores it may use less one kept for its scheduler:
+    started on the serving core alone, the server computes, schedules and shares that core with the environments
+    while the learner's core idles through the evaluations. If it does not start on ``cores``, it is started on
+    ``fallback`` again rather than losing the trained methods.
     """
+    server.stop()
     os.sched_setaffinity(0, cores)  # inherited by the new server
-    if services.server is None:
-        return services.url
-    services.server.stop()
-    services.server.start()
-    return services.server.url
+    try:
+        server.start()
+    except ServerStartError:
+        log.exception("the evaluation server did not start on cores %s; evaluating on %s", sorted(cores), fallback)
+        os.sched_setaffinity(0, fallback)
+        server.start()
+    return server.url
 
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
@@ -787,7 +793,7 @@ def main() -> None:
         help="seed of the methods' learners and of their task sampling and latency; the warm start and the held-out "
         "tasks are the same for every seed (one warm start, seeds compared on the same tasks)",
     )
-    parser.add_argument("--templates", default=",".join(TEMPLATES), help="comma-separated sim templates")
+    parser.add_argument("--templates", help="comma-separated sim templates (default: all eight)")
     parser.add_argument(
         "--env",
         choices=("sim", "miniwob"),
@@ -795,7 +801,12 @@ def main() -> None:
         help="the simulator's templates, or the MiniWoB++ subset in headless chromium (with --model only: the tiny "
         "model's warm start is scripted on the simulator; bench/learning_miniwob.py runs the tiny model there)",
     )
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results file (the plot goes beside it, .png)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=f"results file, the plot beside it (.png); default {RESULTS.relative_to(RESULTS.parents[1])} for the "
+        "tiny model's sim run, required otherwise (a pretrained or MiniWoB++ run, --combine)",
+    )
     parser.add_argument(
         "--shared-cores",
         action="store_true",
@@ -809,6 +820,10 @@ def main() -> None:
         help="combine these result files, one per seed, into --out (mean, spread, per-seed values; a plot) and stop",
     )
     args = parser.parse_args()
+    if args.out is None:
+        if args.combine or args.model or args.env != "sim":  # never over the tiny model's cited results
+            parser.error("--out: required with --combine, --model or --env miniwob")
+        args.out = RESULTS
     if args.combine:
         print(json.dumps(combine(args.combine, args.out)["metrics"]["auc"], indent=2))
         return
@@ -829,7 +844,9 @@ def main() -> None:
         parser.error("--methods: no method to run")
     if args.env == "miniwob" and not args.model:
         parser.error("--env miniwob: needs --model (the tiny model's warm start is scripted on the simulator)")
-    templates = [t for t in args.templates.split(",") if t]
+    if args.env == "miniwob" and args.templates is not None:
+        parser.error("--templates: sim templates, not for --env miniwob (its tasks are env.miniwob_tasks)")
+    templates = [t for t in (args.templates or ",".join(TEMPLATES)).split(",") if t]
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
@@ -869,7 +886,6 @@ def main() -> None:
             if args.env == "miniwob":
                 templates = cfg.env.miniwob_tasks  # what the results call the tasks evaluated
 
-            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=eval_concurrency, version=0))
             if args.model:  # the paper's setting: every method fine-tunes the zero-shot policy itself
                 scripted_success, warm, warm_weights_sha256 = None, None, None
             else:
@@ -883,23 +899,21 @@ def main() -> None:
                     noise=args.noise,
                     bc_updates=args.bc_updates,
                 )
-            if warm is None:
-                log.info("zero-shot %.2f", untrained.success_rate)
-            else:
-                log.info(
-                    "untrained %.2f, scripted (noise %.2f) %.2f, warm start %.2f",
-                    untrained.success_rate,
-                    args.noise,
-                    scripted_success,
-                    warm.success_rate,
-                )
+            if warm is not None:
+                log.info("scripted (noise %.2f) %.2f, warm start %.2f", args.noise, scripted_success, warm.success_rate)
 
             # The seed moves what the methods do from here on; the warm start and the held-out tasks above stay.
             base["learner"]["seed"] = args.seed
             base["env"]["seed"] = args.seed
             runs = {m: train(m, base, root, server_url, budget, envs, learner_cores) for m in methods}
-            if serving_cores is not None:
-                server_url = serve_evaluations_on(services, all_cores)
+            evaluation_cores = None
+            if serving_cores is not None and services.server is not None:
+                server_url = serve_evaluations_on(services.server, all_cores, fallback=serving_cores)
+                evaluation_cores = sorted(os.sched_getaffinity(0))
+            # Version 0 (the base model, served again once the methods' adapters are unloaded) is evaluated as every
+            # version is, on the evaluation server: on MiniWoB++ an episode's time limit makes outcomes depend on speed.
+            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=eval_concurrency, version=0, base_url=server_url))
+            log.info("untrained (zero-shot) %.2f", untrained.success_rate)
             curves = {
                 m: asyncio.run(
                     evaluate_curve(
@@ -976,7 +990,7 @@ def main() -> None:
             "cores": {
                 "learner": sorted(learner_cores) if learner_cores else "shared",
                 "inference_and_collector": sorted(serving_cores) if serving_cores else "shared",
-                "evaluation": sorted(all_cores),
+                "evaluation": evaluation_cores or "as training",
             },
         },
     }

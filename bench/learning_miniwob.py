@@ -11,8 +11,11 @@ Held-out success (test-split seeds of the same 8 tasks, one episode each, ``--ev
 - the **untrained** policy (version 0, the base model, what the server serves before any version);
 - a **random reference**: a uniformly random candidate at every step (``ScriptedPolicy`` without an oracle), which is
   what an untrained policy with no preference among candidates would score;
-- the **trained** versions over time, evaluated after the fact on the same server, restarted on every core
-  (``--points`` of them, always the last), so evaluation never takes CPU from training.
+- the **trained** versions over time (``--points`` of them, always the last).
+
+All three are evaluated after training, on the same server restarted on every core (``serve_evaluations_on`` in
+``bench/learning.py``), so evaluation never takes CPU from training and every policy is timed alike (a MiniWoB++
+episode has a time limit).
 
 Model: the tiny model (0.33M parameters): it is the only one that trains at several updates per minute on one CPU
 core while chromium, vLLM and the collector share the other; the choice-mode action space (the env's own candidates)
@@ -120,6 +123,12 @@ def main() -> None:
             }
             cfg = load_config(None, **base)
             tasks = held_out_tasks(cfg, args.eval_tasks)
+
+            run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)
+            if serving_cores is not None and services.server is not None:
+                server_url = serve_evaluations_on(services.server, all_cores, fallback=serving_cores)
+            # The references are evaluated as the versions are, after training on the same cores: an episode's time
+            # limit makes MiniWoB++ outcomes depend on speed.
             untrained = asyncio.run(evaluate(cfg, tasks, concurrency=args.eval_browsers, version=0))
 
             from transformers import AutoTokenizer
@@ -127,10 +136,6 @@ def main() -> None:
             random_policy = ScriptedPolicy(None, AutoTokenizer.from_pretrained(model_dir), 1.0, random.Random(0))
             random_play = asyncio.run(evaluate_policy(cfg, tasks, random_policy, concurrency=args.eval_browsers))
             log.info("untrained %.2f, random %.2f", untrained.success_rate, random_play.success_rate)
-
-            run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)
-            if serving_cores is not None:
-                server_url = serve_evaluations_on(services, all_cores)
             picked = pick_versions(run, args.budget, args.points)
             curve = asyncio.run(
                 evaluate_curve(cfg, server_url, root / "staging", run, picked, tasks, concurrency=args.eval_browsers)
