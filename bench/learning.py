@@ -460,24 +460,30 @@ def split_cores(*, shared: bool) -> tuple[set[int] | None, set[int] | None]:
     return {cores[0]}, set(cores[1:])
 
 
-def serve_evaluations_on(server: InferenceServer, cores: set[int], *, fallback: set[int]) -> str:
-    """Restart the bench's own server, and move the bench (its environments), onto ``cores`` (all of them, once
-    training is over); returns the server's URL (the same port).
+def serve_evaluations_on_every_core(
+    services: Services, learner_cores: set[int] | None, serving_cores: set[int] | None
+) -> list[int] | None:
+    """Once training is over, restart the bench's own server (same port, so the same URL) and move the bench (its
+    environments) onto the learner's and the serving cores together; returns the cores evaluation runs on, or None
+    when nothing moved (shared cores, or a server the bench did not start).
 
     vLLM on CPU binds its compute threads when it starts, to the cores it may use less one kept for its scheduler:
     started on the serving core alone, the server computes, schedules and shares that core with the environments
-    while the learner's core idles through the evaluations. If it does not start on ``cores``, it is started on
-    ``fallback`` again rather than losing the trained methods.
+    while the learner's core idles through the evaluations. If it does not start on every core, it is started on the
+    serving cores again rather than losing the trained methods.
     """
-    server.stop()
-    os.sched_setaffinity(0, cores)  # inherited by the new server
+    if services.server is None or learner_cores is None or serving_cores is None:
+        return None
+    every = learner_cores | serving_cores
+    services.server.stop()
+    os.sched_setaffinity(0, every)  # inherited by the new server
     try:
-        server.start()
+        services.server.start()
     except ServerStartError:
-        log.exception("the evaluation server did not start on cores %s; evaluating on %s", sorted(cores), fallback)
-        os.sched_setaffinity(0, fallback)
-        server.start()
-    return server.url
+        log.exception("the evaluation server did not start on cores %s; evaluating on %s", sorted(every), serving_cores)
+        os.sched_setaffinity(0, serving_cores)
+        services.server.start()
+    return sorted(os.sched_getaffinity(0))
 
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
@@ -850,7 +856,6 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
-    all_cores = os.sched_getaffinity(0)
     learner_cores, serving_cores = split_cores(shared=args.shared_cores)
     if serving_cores is not None:
         # Inherited by everything the bench starts (broker, vLLM server, collectors); the learner is moved off it.
@@ -906,10 +911,7 @@ def main() -> None:
             base["learner"]["seed"] = args.seed
             base["env"]["seed"] = args.seed
             runs = {m: train(m, base, root, server_url, budget, envs, learner_cores) for m in methods}
-            evaluation_cores = None
-            if serving_cores is not None and services.server is not None:
-                server_url = serve_evaluations_on(services.server, all_cores, fallback=serving_cores)
-                evaluation_cores = sorted(os.sched_getaffinity(0))
+            evaluation_cores = serve_evaluations_on_every_core(services, learner_cores, serving_cores)
             # Version 0 (the base model, served again once the methods' adapters are unloaded) is evaluated as every
             # version is, on the evaluation server: on MiniWoB++ an episode's time limit makes outcomes depend on speed.
             untrained = asyncio.run(evaluate(cfg, tasks, concurrency=eval_concurrency, version=0, base_url=server_url))

@@ -13,8 +13,8 @@ Held-out success (test-split seeds of the same 8 tasks, one episode each, ``--ev
   what an untrained policy with no preference among candidates would score;
 - the **trained** versions over time (``--points`` of them, always the last).
 
-All three are evaluated after training, on the same server restarted on every core (``serve_evaluations_on`` in
-``bench/learning.py``), so evaluation never takes CPU from training and every policy is timed alike (a MiniWoB++
+All three are evaluated after training, on the same server restarted on every core (``serve_evaluations_on_every_core``
+in ``bench/learning.py``), so evaluation never takes CPU from training and every policy is timed alike (a MiniWoB++
 episode has a time limit).
 
 Model: the tiny model (0.33M parameters): it is the only one that trains at several updates per minute on one CPU
@@ -45,11 +45,12 @@ from typing import Any
 
 from learning import (
     LEARNER,
+    MINIWOB_BROWSERS,
     area_under,
     evaluate_curve,
     local_services,
     pick_versions,
-    serve_evaluations_on,
+    serve_evaluations_on_every_core,
     split_cores,
     train,
 )
@@ -93,7 +94,9 @@ def main() -> None:
     parser.add_argument("--budget", type=float, help="seconds of training (default 600, quick 120)")
     parser.add_argument("--envs", type=int, default=4, help="K: chromium environments of the collector")
     parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default 40: 5 per task)")
-    parser.add_argument("--eval-browsers", type=int, default=4, help="chromium environments per evaluation")
+    parser.add_argument(
+        "--eval-browsers", type=int, default=MINIWOB_BROWSERS, help="chromium environments per evaluation"
+    )
     parser.add_argument("--points", type=int, help="versions evaluated (default 5, quick 3)")
     args = parser.parse_args()
     args.budget = args.budget or (120.0 if args.quick else 600.0)
@@ -102,7 +105,6 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
-    all_cores = os.sched_getaffinity(0)
     learner_cores, serving_cores = split_cores(shared=False)
     if serving_cores is not None:
         os.sched_setaffinity(0, serving_cores)
@@ -125,8 +127,7 @@ def main() -> None:
             tasks = held_out_tasks(cfg, args.eval_tasks)
 
             run = train(METHOD, base, root, server_url, args.budget, args.envs, learner_cores)
-            if serving_cores is not None and services.server is not None:
-                server_url = serve_evaluations_on(services.server, all_cores, fallback=serving_cores)
+            serve_evaluations_on_every_core(services, learner_cores, serving_cores)
             # The references are evaluated as the versions are, after training on the same cores: an episode's time
             # limit makes MiniWoB++ outcomes depend on speed.
             untrained = asyncio.run(evaluate(cfg, tasks, concurrency=args.eval_browsers, version=0))
