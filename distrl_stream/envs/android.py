@@ -41,6 +41,8 @@ SWIPE_MS: Final = 300
 _BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
 # `input text` treats %s as a space and cannot type outside ASCII.
 _TYPABLE = re.compile(r"^[\x20-\x7e]+$")
+# Java's package-name rule, which Android application ids follow: two or more dot-separated identifiers.
+_PACKAGE = re.compile(r"[A-Za-z][A-Za-z0-9_]*(?:\.[A-Za-z][A-Za-z0-9_]*)+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +180,8 @@ class AndroidEnv(EnvBase):
         serial: the device's serial (``adb -s``); None for the only attached device.
         timeout_s: timeout of one adb command.
         settle_s: wait after each action before reading the screen (animations, app start).
-        apps: app name -> package for ``open_app``; a name containing a dot is taken as a package.
+        apps: app name -> package for ``open_app``; a name containing a dot is taken as a package. Either way an
+            invalid package name (not dot-separated Java identifiers) makes the action invalid.
         screenshots: attach ``screencap`` PNG bytes to every observation.
     """
 
@@ -234,11 +237,18 @@ class AndroidEnv(EnvBase):
     async def adb(self, *args: str) -> bytes:
         """Run one adb command against the device and return its stdout.
 
+        The arguments are taken literally: for ``shell`` and ``exec-out`` adb joins them with spaces into one command
+        line that the device's ``sh -c`` runs, so each is shell-quoted here first (a ``;`` or ``$(...)`` in an
+        action's text would otherwise run as a command of its own).
+
         Raises:
             AdbError: adb is missing, failed, or timed out; the message has the command and adb's error output.
         """
-        argv = [self._adb_path, *(("-s", self._serial) if self._serial else ()), *args]
-        command = shlex.join(argv)
+        prefix = [self._adb_path, *(("-s", self._serial) if self._serial else ())]
+        command = shlex.join([*prefix, *args])  # as typed in a terminal: the local shell unquotes it once
+        if args[:1] in (("shell",), ("exec-out",)):
+            args = (args[0], *map(shlex.quote, args[1:]))
+        argv = [*prefix, *args]
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
@@ -299,7 +309,7 @@ class AndroidEnv(EnvBase):
                         return f"element {index} ({els[index].kind} {els[index].text}) is not a text field"
                     x, y = _center(els[index].bounds)
                     commands.append(["shell", "input", "tap", str(x), str(y)])
-                commands.append(["shell", "input", "text", shlex.quote(text.replace(" ", "%s"))])
+                commands.append(["shell", "input", "text", text.replace(" ", "%s")])
                 return commands
             case Scroll(direction=direction, index=index):
                 if index is not None and index >= len(els):
@@ -317,6 +327,11 @@ class AndroidEnv(EnvBase):
                 if package is None:
                     known = ", ".join(sorted(self._apps)) or "none configured (env.android_apps)"
                     return f"no package known for app {name[:40]!r} (known: {known})"
+                if not _PACKAGE.fullmatch(package):
+                    return (
+                        f"{package[:60]!r} (for app {name[:40]!r}) is not an Android package name: dot-separated "
+                        "identifiers of letters, digits and _, each starting with a letter (com.android.settings)"
+                    )
                 return [["shell", "monkey", "-p", package, "-c", "android.intent.category.LAUNCHER", "1"]]
             case Wait():
                 return []

@@ -8,6 +8,7 @@ adapter code under test is the real one, running real subprocesses.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -38,6 +39,11 @@ class Device:
         lines = log.read_text().splitlines() if log.exists() else []
         fresh, self._seen = lines[self._seen :], len(lines)
         return fresh
+
+    def programs_run(self) -> list[str]:
+        """Every program the device's shell ran, with its arguments shell-quoted."""
+        log = self.state / "device.log"
+        return log.read_text().splitlines() if log.exists() else []
 
 
 @pytest.fixture
@@ -96,6 +102,10 @@ async def test_round_trip_observation_parsed_and_actions_sent_as_adb_commands(de
             '{"action_type":"open_app","app_name":"Settings"}',
             ["shell monkey -p com.android.settings -c android.intent.category.LAUNCHER 1"],
         ),
+        (
+            '{"action_type":"open_app","app_name":"com.android.settings"}',
+            ["shell monkey -p com.android.settings -c android.intent.category.LAUNCHER 1"],
+        ),
         ('{"action_type":"type","text":"wifi now"}', ["shell input text wifi%snow"]),
         ('{"action_type":"type","text":"it\'s"}', ["shell input text 'it'\"'\"'s'"]),
         ('{"action_type":"wait"}', []),
@@ -143,6 +153,33 @@ async def test_impossible_actions_send_nothing_and_say_why(device: Device, actio
     result = await env.step(action)
     assert not result.info.valid and reason in (result.info.reason or "")
     assert device.new_commands() == []
+
+
+async def test_shell_arguments_reach_the_device_whole_and_run_no_other_command(device: Device) -> None:
+    # adb joins the arguments of `shell` into one line for the device's sh -c, as the fake does.
+    env = make_env(device)
+    await env.adb("shell", "input", "text", "a;reboot")
+    await env.adb("shell", "input", "text", "$(reboot)")
+    assert device.programs_run() == ["input text 'a;reboot'", "input text '$(reboot)'"]
+
+
+@pytest.mark.parametrize(
+    ("app", "apps"),
+    [
+        pytest.param("a.b;reboot", {}, id="name"),
+        pytest.param("com.android.settings && reboot", {}, id="name-with-space"),
+        pytest.param("Evil", {"Evil": "com.evil;reboot"}, id="configured"),
+        pytest.param("Numbered", {"Numbered": "com.1password"}, id="segment-starting-with-a-digit"),
+    ],
+)
+async def test_open_app_takes_only_an_android_package_name(device: Device, app: str, apps: dict[str, str]) -> None:
+    env = make_env(device, apps=apps)
+    await env.reset(TASK)
+    device.new_commands()
+    result = await env.step(json.dumps({"action_type": "open_app", "app_name": app}))
+    assert not result.info.valid and "is not an Android package name" in (result.info.reason or "")
+    assert device.new_commands() == []
+    assert "reboot" not in device.programs_run()
 
 
 async def test_screenshots_are_png_bytes_from_screencap(device: Device) -> None:
