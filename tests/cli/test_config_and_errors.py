@@ -51,6 +51,9 @@ BAD_INPUT = [
     pytest.param(["collect", "--inference-url", "gpu-0:8000"], {}, "inference.urls", "http(s)://", id="url"),
     pytest.param(["config", "show", "--config", "/nonexistent.toml"], {}, "--config", "no such file", id="file"),
     pytest.param(["nonsense"], {}, "nonsense", "No such command", id="command"),
+    pytest.param(["serve", "--model", "/nonexistent"], {}, "model.base", "no such folder", id="model-path"),
+    pytest.param(["collect"], {"DISTRL_MODEL__BASE": "smollm2"}, "model.base", "smollm2-135m-instruct", id="model"),
+    pytest.param(["serve", "--model", "Qwen/Qwen2.5-0.5B"], {}, "model.base", "hub id", id="model-hub-id"),
 ]
 
 
@@ -64,6 +67,17 @@ def test_bad_input_is_one_line_naming_the_field_and_exit_2(
     assert len(lines) == 1, result.output
     assert field in lines[0] and allowed in lines[0]
     assert "Traceback" not in result.output
+
+
+def test_a_mistyped_model_is_one_line_naming_the_closest_known_names_before_anything_starts(tmp_path: Path) -> None:
+    # Before this was checked, transformers took the name for a hub id and retried the hub for ~51 s.
+    result = runner.invoke(app, ["up", "--model", "smollm2-135m", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [
+        "error: model.base: 'smollm2-135m' is neither a folder nor a known pretrained model: no such folder; known, "
+        "closest first: smollm2-135m-instruct (`distrl-stream model list`)"
+    ]
+    assert not (tmp_path / "data").exists()
 
 
 def test_clients_use_the_list_of_servers_else_the_single_url_else_host_and_port(tmp_path: Path) -> None:
