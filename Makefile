@@ -28,6 +28,7 @@ demo: setup
 bench: setup
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# Quick runs write bench/results/quick/ (git-ignored): the committed full results stay as the docs cite them.
 bench-quick: setup
 	@for b in bench/*.py; do echo "== $$b --quick"; $(BIN)/python $$b --quick || exit 1; done
 

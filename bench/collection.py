@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from distrl_stream.cli.bench import results_file, write_results
 from distrl_stream.collector import Collector
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
 from distrl_stream.events import TrajectoryEvent, decode
@@ -50,8 +51,6 @@ from distrl_stream.kafka.topics import TopicNames
 from distrl_stream.policy.model import build_model
 from distrl_stream.testing.instant_learner import InstantLearner, write_noop_adapter
 
-RESULTS = Path(__file__).parent / "results" / "collection.json"
-PLOT = RESULTS.with_suffix(".png")
 TARGET_RATIO = 3.0
 TARGET_EFFICIENCY = 0.9
 
@@ -90,6 +89,7 @@ def plot(curves: dict[str, list[float]], ideal_per_min: float, duration_s: float
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # results/quick/ on a first quick run
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -187,7 +187,12 @@ def main() -> None:
     mixed = sum(len({s.policy_version for e in r for s in e.steps}) > 1 for r in rounds.values())
 
     ratio = async_per_min / sync_per_min if sync_per_min else float("inf")
-    plot({"async (DistRL)": async_ends, "sync rounds (DigiRL)": sync_ends}, ideal_per_min, duration, PLOT)
+    plot(
+        {"async (DistRL)": async_ends, "sync rounds (DigiRL)": sync_ends},
+        ideal_per_min,
+        duration,
+        results_file(__file__, quick=args.quick).with_suffix(".png"),
+    )
     result: dict[str, Any] = {
         "name": "collection",
         "quick": args.quick,
@@ -226,8 +231,7 @@ def main() -> None:
             "at the end of the window are abandoned in both modes.",
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import load_config
 from distrl_stream.envs.miniwob import MiniWoBEnv
 from distrl_stream.envs.sim import LatencyModel, SimEnv, sim_tasks
 from distrl_stream.envs.tasks import miniwob_tasks
 
-RESULTS = Path(__file__).parent / "results" / "envs.json"
 TARGET_STEPS_PER_S = 5000.0
 MINIWOB_TASKS = ["click-test", "click-button", "click-link", "enter-text", "click-checkboxes", "focus-text"]
 
@@ -193,7 +193,6 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="smaller sizes, about a minute")
     args = parser.parse_args()
     result = asyncio.run(main(args.quick))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
     print(f"sim steps/s on one core: {result['ratio']:.0f} (target {TARGET_STEPS_PER_S:.0f})")

@@ -42,6 +42,7 @@ import torch
 import xgrammar as xgr
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import InferenceConfig, ModelConfig
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.inference.client import ActionResult, InferenceClient
@@ -51,7 +52,6 @@ from distrl_stream.policy.model import build_model, count_parameters
 from distrl_stream.policy.prompt import build_prompt
 from distrl_stream.testing.parity import logprob_gaps
 
-RESULTS = Path(__file__).parent / "results" / "inference.json"
 TARGET_RATIO = 5.0
 CONCURRENCY = 32
 
@@ -255,8 +255,7 @@ async def main() -> None:
             metrics |= {f"{other}_{key}": value for key, value in extra.items()}
 
     result = {"name": "inference", "quick": args.quick, "ratio": ratio, "target": TARGET_RATIO, "metrics": metrics}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import Config, load_config
 from distrl_stream.events import MetricEvent, decode, encode
 from distrl_stream.kafka.broker import EmbeddedBroker
@@ -44,7 +45,6 @@ from distrl_stream.policy.model import build_model
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.learner.simdata import sim_events  # the test suite's episode generator
 
-RESULTS = Path(__file__).parent / "results" / "learner_group.json"
 TARGET_RATIO = 1.7
 CLI = str(Path(sys.executable).with_name("distrl-stream"))
 BATCH = 8
@@ -213,8 +213,7 @@ def main() -> None:
         "loadavg_end": list(os.getloadavg()),
     }
     result = {"name": "learner_group", "quick": args.quick, "ratio": ratio, "target": TARGET_RATIO, "metrics": metrics}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -88,6 +88,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from distrl_stream.artifacts import adapter_dir
+from distrl_stream.cli.bench import results_file
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
@@ -115,7 +116,6 @@ from distrl_stream.policy.model_dir import pulled_model_dir
 from distrl_stream.policy.pretrained import PRETRAINED, pull
 from distrl_stream.testing.scripted import ScriptedPolicy
 
-RESULTS = Path(__file__).parent / "results" / "learning.json"
 TARGET_RATIO = 3.0
 TARGET_SUCCESS = 0.8
 # A pretrained model (--model): the paper's collection speed-up is the ratio's target, and the success target is one
@@ -810,8 +810,8 @@ def main() -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        help=f"results file, the plot beside it (.png); default {RESULTS.relative_to(RESULTS.parents[1])} for the "
-        "tiny model's sim run, required otherwise (a pretrained or MiniWoB++ run, --combine)",
+        help="results file, the plot beside it (.png); default results/learning.json (results/quick/ with --quick) "
+        "for the tiny model's sim run, required otherwise (a pretrained or MiniWoB++ run, --combine)",
     )
     parser.add_argument(
         "--shared-cores",
@@ -829,7 +829,7 @@ def main() -> None:
     if args.out is None:
         if args.combine or args.model or args.env != "sim":  # never over the tiny model's cited results
             parser.error("--out: required with --combine, --model or --env miniwob")
-        args.out = RESULTS
+        args.out = results_file(__file__, quick=args.quick)
     if args.combine:
         print(json.dumps(combine(args.combine, args.out)["metrics"]["auc"], indent=2))
         return

@@ -55,12 +55,11 @@ from learning import (
     train,
 )
 
+from distrl_stream.cli.bench import results_file, write_results
 from distrl_stream.collector.evaluation import evaluate, evaluate_policy, held_out_tasks
 from distrl_stream.config import load_config
 from distrl_stream.testing.scripted import ScriptedPolicy
 
-RESULTS = Path(__file__).parent / "results" / "learning_miniwob.json"
-PLOT = RESULTS.with_suffix(".png")
 METHOD = "aride_async"
 
 log = logging.getLogger("bench.learning_miniwob")
@@ -84,6 +83,7 @@ def plot(curve: list[dict[str, Any]], untrained: float, random_play: float, budg
     ax.set_title("MiniWoB++ (8-task subset, headless chromium): held-out success over time")
     ax.legend(loc="lower right")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)  # results/quick/ on a first quick run
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -145,7 +145,13 @@ def main() -> None:
     floor = 1 / args.eval_tasks
     final = curve[-1]["success"] if curve else 0.0
     ratio = final / max(untrained.success_rate, floor)
-    plot(curve, untrained.success_rate, random_play.success_rate, args.budget, PLOT)
+    plot(
+        curve,
+        untrained.success_rate,
+        random_play.success_rate,
+        args.budget,
+        results_file(__file__, quick=args.quick).with_suffix(".png"),
+    )
     result: dict[str, Any] = {
         "name": "learning_miniwob",
         "quick": args.quick,
@@ -177,8 +183,7 @@ def main() -> None:
             "load_average_1min": os.getloadavg()[0],
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"}, indent=2))
 
 

@@ -17,15 +17,14 @@ import dataclasses
 import json
 import os
 import time
-from pathlib import Path
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import load_config
 from distrl_stream.envs.miniwob import MiniWoBEnv
 from distrl_stream.envs.miniwob_suite import SuiteRow, check_suite, counts_by_reason, suite_tasks
 
-RESULTS = Path(__file__).parent / "results" / "miniwob_suite.json"
 TARGET = 0.6
 BUDGET_S = 10.0
 QUICK_TASKS = 12
@@ -73,8 +72,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_TASKS} tasks, 5 s each (about a minute)")
     args = parser.parse_args()
     result = asyncio.run(main(args.quick))
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     metrics = result["metrics"]
     print(json.dumps({k: v for k, v in metrics.items() if k != "rows"}, indent=2))  # type: ignore[union-attr]
     print(f"reachable: {result['ratio']:.0%} of the suite (target {TARGET:.0%})")

@@ -35,6 +35,7 @@ from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import KafkaConfig
 from distrl_stream.events import TrajectoryEvent, decode, encode
 from distrl_stream.kafka import Admin, Consumer, Producer, TopicSpec
@@ -42,7 +43,6 @@ from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.install import find_kafka_home
 from distrl_stream.testing.samples import sample_trajectory
 
-RESULTS = Path(__file__).parent / "results" / "pipeline.json"
 TARGET_RATIO = 0.5
 TARGET_TRAJECTORIES_PER_S = 2000.0
 PARTITIONS = 4  # the default of {run}.trajectories
@@ -219,8 +219,7 @@ def main() -> None:
         finally:
             if broker is not None:
                 broker.stop()
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -40,12 +40,12 @@ from typing import Any
 
 from learning import TEMPLATES, repository_model_dir
 
+from distrl_stream.cli.bench import results_file, write_results
 from distrl_stream.collector.evaluation import EvalResult, evaluate_policy, held_out_tasks
 from distrl_stream.config import Config, load_config
 from distrl_stream.orchestrate import PRETRAINED_UP_PROFILE
 from distrl_stream.policy.prompt import Prompter
 
-RESULTS = Path(__file__).parent / "results" / "pretrained.json"
 MODEL = "smollm2-135m-instruct"
 MODEL_DIR = repository_model_dir(MODEL)
 TARGET_RATIO = 0.7
@@ -287,7 +287,8 @@ def main() -> None:
     from distrl_stream.policy.pretrained import provenance, pull
 
     model_dir = pull(MODEL, MODEL_DIR)
-    previous = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results = results_file(__file__, quick=args.quick)
+    previous = json.loads(results.read_text()) if results.is_file() else {}
     metrics: dict[str, Any] = dict(previous.get("metrics", {}))
     metrics["model"] = provenance(model_dir)
     if args.part in ("zero-shot", "all"):
@@ -312,8 +313,7 @@ def main() -> None:
             "rss_peak_gb": profile["rss_peak_gb"] if profile else None,
         },
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps({k: v for k, v in result.items() if k != "metrics"}))
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from rich.progress import Progress
 
+from distrl_stream.cli.bench import write_results
 from distrl_stream.collector import run_episode
 from distrl_stream.config import InferenceConfig, LearnerConfig, ModelConfig
 from distrl_stream.envs.base import Task
@@ -55,7 +56,6 @@ from distrl_stream.policy.model import build_model
 from distrl_stream.policy.prompt import Prompter
 from distrl_stream.policy.vision import load_processor
 
-RESULTS = Path(__file__).parent / "results" / "vision.json"
 PARITY_STEPS = 200
 ARMS = ("text", "vision")
 
@@ -216,8 +216,7 @@ def main() -> None:
         },
         "metrics": metrics,
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from distrl_stream.artifacts import adapter_dir, base_fingerprint, dir_size, publish, version_event
+from distrl_stream.cli.bench import write_results
 from distrl_stream.config import Config, InferenceConfig, ModelConfig, load_config
 from distrl_stream.inference.server import InferenceServer, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
@@ -39,7 +40,6 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.model import build_model
 from distrl_stream.testing.instant_learner import write_noop_adapter
 
-RESULTS = Path(__file__).parent / "results" / "weight_sync.json"
 TARGET_RATIO = 0.5
 SMALL_RANK, LARGE_RANK = 8, 512
 SERVERS = 2
@@ -176,8 +176,7 @@ def main() -> None:
     )
     ratio = metrics["small_file_p50_s"] / metrics["small_kafka_p50_s"]
     result = {"name": "weight_sync", "quick": args.quick, "ratio": ratio, "target": TARGET_RATIO, "metrics": metrics}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    write_results(__file__, result, quick=args.quick)
     print(json.dumps(result, indent=2))
 
 

@@ -1,4 +1,5 @@
-"""`distrl-stream bench ...`: list and run the benchmark scripts in bench/ (each writes bench/results/NAME.json)."""
+"""`distrl-stream bench ...`: list and run the benchmark scripts in bench/ (each writes bench/results/NAME.json,
+bench/results/quick/NAME.json with --quick), and :func:`write_results`, which every script writes its result with."""
 
 from __future__ import annotations
 
@@ -37,8 +38,25 @@ def _first_line(script: Path) -> str:
     return doc.strip().splitlines()[0] if doc.strip() else ""
 
 
-def _result(bench_dir: Path, name: str) -> dict[str, object] | None:
-    path = bench_dir / "results" / f"{name}.json"
+def results_file(script: str | Path, *, quick: bool) -> Path:
+    """Where the benchmark ``script`` (bench/NAME.py) keeps its result: bench/results/NAME.json for a full run, the
+    committed file the docs cite; bench/results/quick/NAME.json (git-ignored) for ``--quick``, so that a quick check
+    never overwrites a full result. A plot goes beside it, with the suffix .png."""
+    script = Path(script)
+    folder = script.resolve().parent / "results"
+    return (folder / "quick" if quick else folder) / f"{script.stem}.json"
+
+
+def write_results(script: str | Path, result: dict[str, object], *, quick: bool) -> Path:
+    """Write a benchmark's result as indented JSON to :func:`results_file` and return the path."""
+    path = results_file(script, quick=quick)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def _result(bench_dir: Path, name: str, *, quick: bool = False) -> dict[str, object] | None:
+    path = results_file(bench_dir / f"{name}.py", quick=quick)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -53,7 +71,7 @@ def _fmt(value: object) -> str:
 
 @app.command("list")
 def list_benchmarks(bench_dir: BenchDirOption = DEFAULT_BENCH_DIR) -> None:
-    """Every benchmark with what it measures and its last result (ratio against its target)."""
+    """Every benchmark with what it measures and its last full result (ratio against its target)."""
     table = Table("name", "measures", "ratio", "target", "quick", title=f"benchmarks in {bench_dir}")
     for name, script in _scripts(bench_dir).items():
         result = _result(bench_dir, name) or {}
@@ -86,5 +104,5 @@ def run(
         code = subprocess.call([sys.executable, str(scripts[name]), *(["--quick"] if quick else [])])
         if code != 0:
             fail(f"benchmark {name} failed with exit code {code}", code=code)
-        result = _result(bench_dir, name) or {}
+        result = _result(bench_dir, name, quick=quick) or {}
         typer.echo(f"{name}: ratio {_fmt(result.get('ratio'))} (target {_fmt(result.get('target'))})")
