@@ -137,27 +137,27 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
     from distrl_stream.learner.buffer import ReplayBuffer
     from distrl_stream.learner.records import episode_from_event
     from distrl_stream.learner.trainer import Trainer, load_policy
-    from distrl_stream.policy.logprobs import decoder_states
+    from distrl_stream.policy.logprobs import decoder_states, encode_prompts
+    from distrl_stream.policy.precision import autocast, resolve_precision
 
     torch.set_num_threads(settings.get("threads", 1))
     torch.manual_seed(seed)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     episodes = [episode_from_event(e) for e in _scripted_events(tokenizer, 32, seed)]
-    model, policy_tokenizer = load_policy(model_dir, ModelConfig())
     cfg = LearnerConfig(**settings)
-    grad_batches: list[tuple[list[str], list[tuple[int, ...]]]] = []
+    precision = resolve_precision(cfg.dtype, "cpu", role="learner")
+    model, policy_tokenizer = load_policy(model_dir, ModelConfig(), precision=precision)
+    # Per micro-batch whose forward ran with gradient (the ones the bare pass replays): prompt ids, action ids.
+    grad_batches: list[tuple[list[list[int]], list[tuple[int, ...]]]] = []
 
     class Recording(Trainer):
-        """Keeps the micro-batches whose forward ran with gradient (the ones the bare pass replays)."""
-
         def _step_terms(self, steps: Any) -> Any:
             if torch.is_grad_enabled():
-                grad_batches.append(
-                    ([self.step_prompt(e, t) for e, t in steps], [e.steps[t].token_ids for e, t in steps])
-                )
+                prompts = encode_prompts(self.tokenizer, [self.step_prompt(e, t) for e, t in steps]).input_ids
+                grad_batches.append((prompts, [e.steps[t].token_ids for e, t in steps]))
             return super()._step_terms(steps)
 
-    trainer = Recording(cfg, model, policy_tokenizer, ReplayBuffer.from_config(cfg))
+    trainer = Recording(cfg, model, policy_tokenizer, ReplayBuffer.from_config(cfg), precision=precision)
     for episode in episodes:
         trainer.buffer.add(episode)
     loaded_rss = _max_rss_gb()
@@ -168,18 +168,14 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
         trainer.update("aride", version=0)
     update_s = time.perf_counter() - started
     update_rss = _max_rss_gb()
-    tokens = sum(
-        len(policy_tokenizer(p)["input_ids"]) + len(a)
-        for prompts, actions in grad_batches
-        for p, a in zip(prompts, actions, strict=True)
-    )
+    tokens = sum(len(p) + len(a) for prompts, actions in grad_batches for p, a in zip(prompts, actions, strict=True))
     steps = sum(len(ps) for ps, _ in grad_batches)
 
     # The bare pass: the same micro-batches, laid out as the learner lays them out, through the decoder and back.
     params = [p for p in model.parameters() if p.requires_grad]
     started = time.perf_counter()
     for prompts, actions in grad_batches:
-        ids = [policy_tokenizer(p)["input_ids"] + list(a) for p, a in zip(prompts, actions, strict=True)]
+        ids = [p + list(a) for p, a in zip(prompts, actions, strict=True)]
         width = max(len(i) for i in ids)
         input_ids = torch.zeros((len(ids), width), dtype=torch.long)
         attention = torch.zeros((len(ids), width), dtype=torch.long)
@@ -187,14 +183,16 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
             input_ids[row, width - len(row_ids) :] = torch.tensor(row_ids)
             attention[row, width - len(row_ids) :] = 1
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        hidden = decoder_states(model, input_ids, attention, positions)
+        with autocast(torch.device("cpu"), precision):
+            hidden = decoder_states(model, input_ids, attention, positions)
         width_a = max(len(a) for a in actions)
-        hidden[:, -width_a:].sum().backward()
+        hidden[:, -width_a:].float().sum().backward()
         for p in params:
             p.grad = None
     bare_s = time.perf_counter() - started
     return {
         "settings": settings,
+        "precision": precision,
         "updates": updates,
         "steps_per_update": steps / updates,
         "tokens_per_update": tokens / updates,
@@ -243,15 +241,18 @@ def learner_efficiency(model_dir: Path, updates: int) -> dict[str, Any]:
         # What an update cost before micro-batching: the whole batch in one forward with gradient.
         "one_pass": {**base, "micro_batch_steps": 10_000, "gradient_checkpointing": False},
     }
-    out: dict[str, Any] = {}
-    for name, values in settings.items():
-        command = [sys.executable, __file__, "--child", json.dumps({"settings": values, "updates": updates})]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-        if done.returncode != 0 or not last.startswith("{"):
-            raise RuntimeError(f"learner child {name} failed:\n{done.stderr[-3000:]}")
-        out[name] = json.loads(last)
-        log.info("%s: %s", name, {k: out[name].get(k) for k in ("update_s", "ratio", "rss_peak_gb", "error")})
+    return {name: run_learner_child(name, values, updates) for name, values in settings.items()}
+
+
+def run_learner_child(name: str, settings: dict[str, Any], updates: int) -> dict[str, Any]:
+    """:func:`learner_child` at ``settings`` (LearnerConfig fields) in a fresh process of this script."""
+    command = [sys.executable, __file__, "--child", json.dumps({"settings": settings, "updates": updates})]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if done.returncode != 0 or not last.startswith("{"):
+        raise RuntimeError(f"learner child {name} failed:\n{done.stderr[-3000:]}")
+    out = json.loads(last)
+    log.info("%s: %s", name, {k: out.get(k) for k in ("update_s", "ratio", "rss_peak_gb", "error")})
     return out
 
 

@@ -338,7 +338,14 @@ class LearnerConfig(Section):
         "auto",
         description="Where the policy's forward and backward passes run: cuda, cpu, or auto (CUDA when torch sees a "
         "GPU for every learner member on the host, else the CPU). On CUDA each member uses the GPU of its local rank "
-        "and the base model is loaded in the dtype the server serves; on CPU in float32.",
+        "and the base model is loaded in learner.dtype; on CPU in float32 (bf16 runs as autocast).",
+    )
+    dtype: Literal["auto", "bfloat16", "float32"] = Field(
+        "auto",
+        description="Precision of the policy's forward and backward passes: auto (bfloat16 on CUDA and on CPUs with "
+        "AVX-512 BF16 or AMX units, float32 elsewhere; decided once and logged at start), bfloat16 (autocast; the "
+        "LoRA master weights, optimiser state and every loss stay float32) or float32 (docs/learner.md, "
+        "'Precision').",
     )
 
 
@@ -442,7 +449,12 @@ class InferenceConfig(Section):
     device: Literal["auto", "cpu", "gpu"] = Field(
         "auto", description="auto: GPU defaults when CUDA is visible, else the CPU recipe (docs/design.md §8)."
     )
-    dtype: str = Field("bfloat16", description="vLLM --dtype of the served weights.")
+    dtype: str = Field(
+        "auto",
+        description="Precision the server serves in: auto (bfloat16 on a GPU and on CPUs with AVX-512 BF16 or AMX "
+        "units, float32 elsewhere: the learner's rule, docs/design.md §8), or any vLLM --dtype (bfloat16, float32, "
+        "float16, ...) passed on as given.",
+    )
     max_model_len: int = Field(512, ge=16, description="Prompt + action tokens per request (vLLM --max-model-len).")
     cpu_kvcache_gb: int = Field(1, ge=1, description="KV-cache GiB on CPU (VLLM_CPU_KVCACHE_SPACE).")
     gpu_memory_utilization: float = Field(

@@ -80,9 +80,9 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
 # (bench/results/pretrained.json).
 PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
-    # float32: the learner's log π then equals the behaviour's (mean gap 0.0000 nats; bf16 serving: 0.070, for 5.7
-    # instead of 2.25 actions/s, which the learner could not use anyway).
-    "inference": {"max_model_len": 2048, "dtype": "float32"},
+    # Server and learner in the precision `auto` picks (bf16 on this CPU's AVX-512 BF16/AMX units): ρ clipping and
+    # Retrace absorb the bf16 log-prob gap (docs/learner.md, "Precision").
+    "inference": {"max_model_len": 2048},
     # Fewer envs leave CPU to the learner; each episode is trained on about once before the collectors pause.
     "collector": {"envs": 2, "samples_per_insert": 1.0},
     "learner": {

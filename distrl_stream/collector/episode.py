@@ -202,6 +202,8 @@ async def run_episode(
             env_latency_s=info.latency_s,
             server=action.server,
             adapter_sha256=action.adapter_sha256,
+            # What the policy read, as its server tokenised it: the learner trains on these ids (docs/design.md §6.2).
+            prompt_token_ids=Tensor.from_token_ids(action.prompt_token_ids) if action.prompt_token_ids else None,
         )
         steps.append(step)
         previous.append(action.text)

@@ -10,7 +10,7 @@ Conventions (the contract every role codes against):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -93,6 +93,14 @@ class Tensor:
         little = array.astype(array.dtype.newbyteorder("<"), order="C", copy=False)
         return cls(data=little.tobytes(order="C"), dtype=array.dtype.name, shape=tuple(array.shape))
 
+    @classmethod
+    def from_token_ids(cls, ids: Sequence[int]) -> Tensor:
+        """Token ids in the narrowest integer type that holds them: uint16 for vocabularies under 65,536 tokens
+        (SmolLM2, Llama 2, the local models), else int32. Two bytes a token halve a prompt's share of a step."""
+        array = np.asarray(ids, dtype=np.int64)
+        narrow = np.uint16 if array.size == 0 or (array.min() >= 0 and array.max() < 1 << 16) else np.int32
+        return cls.from_numpy(array.astype(narrow))
+
     def to_numpy(self) -> np.ndarray:
         """A read-only numpy view of the bytes with the recorded dtype and shape."""
         return np.frombuffer(self.data, dtype=np.dtype(self.dtype).newbyteorder("<")).reshape(self.shape)
@@ -130,12 +138,15 @@ class Step:
     env_latency_s: float
     server: str = ""
     adapter_sha256: str | None = None
+    prompt_token_ids: Tensor | None = None
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""
         d = {name: getattr(self, name) for name in _STEP_FIELDS}
         d["token_ids"] = self.token_ids.to_avro()
         d["token_logprobs"] = self.token_logprobs.to_avro()
+        if self.prompt_token_ids is not None:
+            d["prompt_token_ids"] = self.prompt_token_ids.to_avro()
         return d
 
     @classmethod
@@ -143,6 +154,8 @@ class Step:
         """Build from the dict fastavro read with the current schema (takes ownership of ``d``)."""
         d["token_ids"] = Tensor.from_avro(d["token_ids"])
         d["token_logprobs"] = Tensor.from_avro(d["token_logprobs"])
+        if d["prompt_token_ids"] is not None:
+            d["prompt_token_ids"] = Tensor.from_avro(d["prompt_token_ids"])
         return _build_step(d)
 
 
@@ -153,10 +166,11 @@ _STEP_FIELDS = Step.__slots__
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrajectoryEvent:
-    """One finished episode (Avro ``distrl.TrajectoryEvent`` v2), keyed by ``episode_id`` on ``{run}.trajectories``.
+    """One finished episode (Avro ``distrl.TrajectoryEvent`` v3), keyed by ``episode_id`` on ``{run}.trajectories``.
 
     ``final_observation`` / ``final_candidates`` (v2): what a truncated episode saw after its last step, s_L, so the
     learner can bootstrap V(s_L); None / empty for every other episode and for records written with v1.
+    ``Step.prompt_token_ids`` (v3): the prompt as the server tokenised it; None in records written before.
     """
 
     AVRO_NAME: ClassVar[str] = "distrl.TrajectoryEvent"

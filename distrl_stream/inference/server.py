@@ -29,6 +29,7 @@ from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.errors import ServerStartError
 from distrl_stream.inference.client import auth_headers, served_name
 from distrl_stream.policy.model_dir import resolve_model_dir
+from distrl_stream.policy.precision import resolve_precision
 from distrl_stream.policy.vision import is_vision_model
 from distrl_stream.processes import LOG_TAIL_LINES, ChildProcess, free_port, log_tail
 
@@ -83,6 +84,12 @@ class InferenceServer:
         self.host = inference.host
         self.port = inference.port
         self.device = "gpu" if inference.device == "gpu" or (inference.device == "auto" and cuda_available()) else "cpu"
+        # vLLM's own `auto` would mean the checkpoint's dtype; ours is the hardware's (bf16 where it is native).
+        self.dtype = (
+            resolve_precision(inference.dtype, self.device, role="inference")
+            if inference.dtype == "auto"
+            else inference.dtype
+        )
         self._process: ChildProcess | None = None
 
     @classmethod
@@ -124,7 +131,7 @@ class InferenceServer:
             "--port",
             str(self.port),
             "--dtype",
-            inf.dtype,
+            self.dtype,
             "--max-model-len",
             str(inf.max_model_len),
             "--enable-lora",

@@ -425,3 +425,27 @@ def filtered_bc_loss(logp: Tensor, mask: Tensor, success: Tensor, episode_weight
         Scalar loss (0, still differentiable, when no episode succeeded).
     """
     return _weighted_episode_average(-logp, mask & success.bool()[:, None], episode_weights)
+
+
+def mismatch_stats(logp: Tensor, behaviour_logp: Tensor, same_weights: Tensor, mask: Tensor) -> dict[str, float]:
+    """|log π − log μ| over the steps whose behaviour weights are the ones log π was computed with: the gap between
+    the learner's and the server's arithmetic alone (precision, kernels), no staleness in it. ρ clipping and Retrace's
+    c̄ bound what it can do to an update (docs/learner.md, "Precision").
+
+    Args:
+        logp, behaviour_logp: ``[B, T]`` log π and log μ of each step's action.
+        same_weights: ``[B, T]`` True where the acting version's weights are the learner's current ones.
+        mask: ``[B, T]`` real steps.
+
+    Returns:
+        ``logp_mismatch_mean`` / ``_max`` (nats) and ``logp_mismatch_steps``; empty when no step qualifies.
+    """
+    where = mask & same_weights
+    if not bool(where.any()):
+        return {}
+    gap = (logp.detach() - behaviour_logp)[where].abs()
+    return {
+        "logp_mismatch_mean": float(gap.mean()),
+        "logp_mismatch_max": float(gap.max()),
+        "logp_mismatch_steps": float(where.sum()),
+    }

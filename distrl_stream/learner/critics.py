@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from distrl_stream.policy.logprobs import Encoder, decoder_states, encode_prompts, text_config
-from distrl_stream.policy.prompt import ImagePrompt, Prompt
+from distrl_stream.policy.prompt import ModelPrompt, prompt_image
 
 
 class ValueHead(nn.Module):
@@ -88,7 +88,7 @@ class TrajectoryCritic(ValueHead):
 def prompt_features(
     model: Any,
     tokenizer: Encoder,
-    prompts: Sequence[Prompt],
+    prompts: Sequence[ModelPrompt],
     *,
     batch_size: int = 32,
     max_length: int = 512,
@@ -105,7 +105,8 @@ def prompt_features(
         model: transformers causal LM (its decoder is run, not its output head), a vision-language model, or a peft
             wrapper of one.
         tokenizer: its tokenizer (a vision policy's processor).
-        prompts: the prompts (text, or :class:`~distrl_stream.policy.prompt.ImagePrompt`).
+        prompts: the prompts (text, :class:`~distrl_stream.policy.prompt.ImagePrompt`, or the server's ids of
+            either: :class:`~distrl_stream.policy.prompt.TokenPrompt`).
         batch_size: prompts per forward pass.
         max_length: most tokens kept per prompt.
 
@@ -124,7 +125,7 @@ def prompt_features(
                 inputs = encode_prompts(tokenizer, batch)
                 # An image prompt is kept whole: cutting it could cut image tokens off their pixels.
                 encoded = [
-                    ids if isinstance(p, ImagePrompt) else ids[-max_length:]
+                    ids if prompt_image(p) is not None else ids[-max_length:]
                     for p, ids in zip(batch, inputs.input_ids, strict=True)
                 ]
                 if not all(encoded):

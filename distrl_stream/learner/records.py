@@ -46,6 +46,8 @@ class StepRecord:
         policy_version: the version that produced the action (0 = base model).
         screenshot_uri: where the screen's PNG is (claim check), when the collector captured one.
         screenshot_sha256: its sha256; a vision policy's prompt is rebuilt from the verified image.
+        prompt_token_ids: the prompt as the server tokenised it, what log π is computed on; None for events written
+            before TrajectoryEvent v3 (the prompt is then re-rendered from the observation).
     """
 
     observation: str
@@ -61,6 +63,7 @@ class StepRecord:
     policy_version: int
     screenshot_uri: str | None = None
     screenshot_sha256: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +127,7 @@ class EpisodeRecord:
                     "candidates": tuple(s["candidates"]),
                     "token_ids": tuple(s["token_ids"]),
                     "token_logprobs": tuple(s["token_logprobs"]),
+                    "prompt_token_ids": None if s.get("prompt_token_ids") is None else tuple(s["prompt_token_ids"]),
                 }
             )
             for s in data["steps"]
@@ -201,6 +205,7 @@ def episode_from_event(
     base_model: str | None = None,
     check_action: ActionCheck | None = None,
     screenshots: bool = False,
+    vocab_size: int | None = None,
 ) -> EpisodeRecord:
     """Convert a trajectory event into the learner's episode record.
 
@@ -216,13 +221,16 @@ def episode_from_event(
             refuses is refused here rather than at the first update that computes log π on it. None: not checked.
         screenshots: the learner's policy reads screenshots: every step's is read back and verified here
             (:func:`check_screenshots`), so a missing or altered image is refused, never trained on.
+        vocab_size: the policy's vocabulary: an action or prompt token id at or above it is refused here (it would
+            fail every forward pass on it). None: not checked.
 
     Raises:
         TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
             before the last, token ids that are not a 1-D integer array, a tensor whose bytes do not match its dtype
             and shape, token log-probs that do not match the tokens one for one, a non-finite reward or log-prob,
             another base model than ``base_model``, choice-mode tokens ``check_action`` refuses, or (``screenshots``)
-            a step whose screenshot is missing or not the bytes its sha256 names.
+            a step whose screenshot is missing or not the bytes its sha256 names, a token id outside ``vocab_size``,
+            prompt token ids that are not a non-empty 1-D integer array.
     """
     if not event.steps:
         raise TrajectoryError(f"episode {event.episode_id!r} has no steps")
@@ -243,8 +251,16 @@ def episode_from_event(
         token_logprobs = _array(step.token_logprobs, f"{where}: token_logprobs")
         if ids.ndim != 1 or ids.dtype.kind not in "iu" or ids.size == 0:
             raise TrajectoryError(f"{where}: token_ids must be a non-empty 1-D integer array ({ids.dtype}{ids.shape})")
-        if ids.min() < 0:
-            raise TrajectoryError(f"{where}: negative token id")
+        _check_ids(ids, vocab_size, f"{where}: token_ids")
+        prompt_ids = None
+        if step.prompt_token_ids is not None:
+            prompt_ids = _array(step.prompt_token_ids, f"{where}: prompt_token_ids")
+            if prompt_ids.ndim != 1 or prompt_ids.dtype.kind not in "iu" or prompt_ids.size == 0:
+                raise TrajectoryError(
+                    f"{where}: prompt_token_ids must be a non-empty 1-D integer array "
+                    f"({prompt_ids.dtype}{prompt_ids.shape})"
+                )
+            _check_ids(prompt_ids, vocab_size, f"{where}: prompt_token_ids")
         if token_logprobs.shape != ids.shape:
             raise TrajectoryError(f"{where}: {token_logprobs.size} token log-probs for {ids.size} tokens")
         token_logprobs = token_logprobs.astype(float)
@@ -269,6 +285,7 @@ def episode_from_event(
                 policy_version=int(step.policy_version),
                 screenshot_uri=step.screenshot_uri,
                 screenshot_sha256=step.screenshot_sha256,
+                prompt_token_ids=None if prompt_ids is None else tuple(prompt_ids.tolist()),
             )
         )
     episode = EpisodeRecord(
@@ -339,6 +356,13 @@ def step_screenshot(episode: EpisodeRecord, t: int, read: Callable[[str, str], b
         return read(step.screenshot_uri, step.screenshot_sha256)
     except ScreenshotError as exc:
         raise ScreenshotError(f"{where}: {exc}") from None
+
+
+def _check_ids(ids: np.ndarray, vocab_size: int | None, where: str) -> None:
+    if ids.min() < 0:
+        raise TrajectoryError(f"{where}: negative token id")
+    if vocab_size is not None and ids.max() >= vocab_size:
+        raise TrajectoryError(f"{where}: token id {int(ids.max())} outside the policy's vocabulary of {vocab_size}")
 
 
 def _array(tensor: WireTensor, where: str) -> np.ndarray:

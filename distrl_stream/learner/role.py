@@ -76,6 +76,7 @@ from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
 from distrl_stream.policy.model_dir import reads_screenshots, resolve_model_dir
+from distrl_stream.policy.precision import Precision, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +128,7 @@ class Learner:
         # The one record of the current policy version: the number of the newest version rank 0 published (or found
         # in the artifact store at start); lags and round mode are measured from it.
         self.version = 0
+        self.precision: Precision = "float32"  # the forward passes' precision, decided at start
         # Each member samples its own shard with its own generator.
         self.buffer = ReplayBuffer(
             cfg.learner.buffer_capacity_steps, cfg.learner.dper_alpha, seed=cfg.learner.seed + self.membership.rank
@@ -195,6 +197,7 @@ class Learner:
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         self.device = resolve_device(self.settings.device, self.membership)
+        self.precision = resolve_precision(self.settings.dtype, self.device.type, role="learner")
         if self.membership.world_size > 1 and self._round_mode():
             raise LearnerError("learner.round_episodes: round mode needs a single learner member (--nproc-per-node 1)")
         self.lock.acquire()
@@ -229,11 +232,13 @@ class Learner:
             self.cfg.model,
             self.settings.init_adapter,
             self.device,
-            self.cfg.inference.dtype,
+            self.precision,
             vision=reads_screenshots(self.cfg, model_dir),
         )
         self._trainer = self._new_trainer(model, tokenizer)
         self.version = self.group.broadcast(newest_artifact_version(self.cfg))
+        if self.settings.init_adapter is None and self.version == 0:
+            self._trainer.mark_version(0)  # a fresh adapter is the base model, which serves as version 0
         if from_replay is not None:
             self.pretrain(from_replay, replay_updates, replay_algorithm)
         if self.settings.init_adapter is not None or from_replay is not None:
@@ -248,6 +253,7 @@ class Learner:
             self.buffer,
             temperature=self.cfg.inference.temperature,
             grad_sync=self.group.average_gradients if self.group.distributed else None,
+            precision=self.precision,
         )
         # Identical weights on every member from the start (a fresh LoRA's A matrices are random).
         self.group.broadcast_parameters([*trainer.policy_params, *trainer.critic_params])
@@ -273,7 +279,7 @@ class Learner:
             self.cfg.model,
             checkpoint / "adapter",
             self.device,
-            self.cfg.inference.dtype,
+            self.precision,
             vision=reads_screenshots(self.cfg, model_dir),
         )
         trainer = self._new_trainer(model, tokenizer)
@@ -396,14 +402,18 @@ class Learner:
 
     def _convert(self, event: TrajectoryEvent) -> EpisodeRecord:
         """:func:`episode_from_event` for this learner: acted by its base model, with choice-mode tokens its
-        policy's choice constraint accepts and, for a vision policy, screenshots that read back as recorded (else an
-        update or a priority refresh could not compute log π on it)."""
-        return episode_from_event(
+        policy's choice constraint accepts, token ids inside its vocabulary and, for a vision policy, screenshots that
+        read back as recorded (else an update or a priority refresh could not compute log π on it); the server's
+        prompt ids checked against this learner's rendering (counted, docs/design.md §6.2)."""
+        episode = episode_from_event(
             event,
             base_model=self.cfg.model.base_model_id,
             check_action=self.trainer.constraint.allowed,
             screenshots=self.trainer.prompter.vision,
+            vocab_size=self.trainer.vocab_size,
         )
+        self.trainer.check_prompt_ids(episode)
+        return episode
 
     def _ingest(self, entries: list[Entry]) -> None:
         assert self._reader is not None
@@ -550,6 +560,7 @@ class Learner:
         self._producer.produce_event(self.topics.weights, event)
         self._producer.flush()
         self.version = version
+        self.trainer.mark_version(version)
         self.counters.published += 1
         self._dirty = True
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
@@ -760,6 +771,8 @@ class Learner:
             "trajectories_dropped_incomplete": float(self.counters.incomplete),
             "trajectories_dead_lettered": float(self.counters.dead),
             "trajectories_rejected": float(self.counters.rejected + trainer.rejected),
+            "prompt_ids_checked": float(trainer.prompt_ids_checked),
+            "prompt_ids_mismatched": float(trainer.prompt_ids_mismatched),
             "trajectories_replayed": float(self.counters.replayed),
             "versions_published": float(self.counters.published),
             "versions_unannounced": float(self.counters.unannounced),

@@ -34,22 +34,32 @@ from torch import Tensor
 from transformers import AutoTokenizer
 
 from distrl_stream.config import ALGORITHMS, Algorithm, LearnerConfig, ModelConfig
-from distrl_stream.errors import ActionConstraintError, LearnerError, ScreenshotError
+from distrl_stream.errors import ActionConstraintError, LearnerError, ScreenshotError, TrajectoryError
 from distrl_stream.events.screenshots import read_screenshot
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer, is_beta, trajectory_priorities
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, prompt_features
-from distrl_stream.learner.records import EpisodeRecord, check_choices, check_screenshots, collate, step_screenshot
+from distrl_stream.learner.records import (
+    EpisodeBatch,
+    EpisodeRecord,
+    check_choices,
+    check_screenshots,
+    collate,
+    step_screenshot,
+)
 from distrl_stream.policy.logprobs import (
     ChoiceConstraint,
     Encoder,
     action_logprobs,
     check_output_head,
+    encode_prompts,
+    image_token_count,
     text_config,
     text_tokenizer,
 )
 from distrl_stream.policy.model import load_base_model
-from distrl_stream.policy.prompt import ImagePrompt, Prompt, Prompter
+from distrl_stream.policy.precision import Precision, autocast, torch_dtype
+from distrl_stream.policy.prompt import ImagePrompt, ModelPrompt, Prompt, Prompter, TokenPrompt
 from distrl_stream.policy.vision import load_processor
 
 log = logging.getLogger(__name__)
@@ -100,34 +110,21 @@ def lora_target_modules(model: ModelConfig, base: torch.nn.Module) -> list[str] 
     return rf"{re.escape(tower)}\..*\.({'|'.join(map(re.escape, names))})"
 
 
-def served_dtype(model_dir: Path, dtype: str = "auto") -> torch.dtype:
-    """The dtype the server serves ``model_dir`` in with ``--dtype dtype`` (``inference.dtype``): that one, or for
-    vLLM's ``auto`` the checkpoint's own, float32 checkpoints in float16."""
-    if dtype != "auto":
-        named = getattr(torch, {"half": "float16", "float": "float32"}.get(dtype, dtype), None)
-        if not isinstance(named, torch.dtype):
-            raise LearnerError(f"inference.dtype {dtype!r} is not a torch dtype the learner can load the base in")
-        return named
-    config = json.loads((model_dir / "config.json").read_text())
-    name = config.get("torch_dtype") or config.get("dtype") or "float32"
-    dtype = getattr(torch, str(name), torch.float32)
-    return torch.float16 if dtype == torch.float32 else dtype
-
-
 def load_policy(
     model_dir: Path,
     model: ModelConfig,
     adapter: Path | None = None,
     device: torch.device | None = None,
-    served: str = "auto",
+    precision: Precision = "float32",
     *,
     vision: bool = False,
 ) -> tuple[PeftModel, Encoder]:
     """The trainable policy: the base model plus a LoRA adapter (fresh, or loaded from ``adapter``), on ``device``,
     and what encodes its prompts: the tokenizer, or a vision-language model's processor.
 
-    On the CPU the base is float32; on CUDA it is in the dtype the server serves (:func:`served_dtype`), so the
-    learner's log π is computed as the behaviour's was (peft keeps the adapter's own weights in float32).
+    The adapter's weights are float32 (peft's), the master weights the optimiser steps. The frozen base is float32
+    on the CPU, where bf16 runs as autocast (:func:`~distrl_stream.policy.precision.autocast`: measured faster than
+    bf16 weights, docs/learner.md "Precision"), and in ``precision`` on CUDA, where it halves the memory.
 
     Args:
         model_dir: the base model folder (the one the server serves).
@@ -135,7 +132,8 @@ def load_policy(
         adapter: a peft adapter folder to start from (warm start or checkpoint); None for a fresh adapter, which
             leaves the base model's behaviour unchanged (peft initialises B = 0).
         device: where the model lives (default the CPU).
-        served: the server's ``--dtype`` (``inference.dtype``); on CUDA the base is loaded in it.
+        precision: the learner's (``learner.dtype`` resolved by
+            :func:`~distrl_stream.policy.precision.resolve_precision`).
         vision: the policy reads screenshots (:func:`~distrl_stream.policy.model_dir.reads_screenshots`): its
             prompts are encoded by the model's processor; else by its tokenizer (a vision-language model then
             reads text only, as its collectors prompt it).
@@ -146,7 +144,7 @@ def load_policy(
     """
     device = device or torch.device("cpu")
     tokenizer = load_processor(model_dir) if vision else AutoTokenizer.from_pretrained(model_dir)
-    dtype = served_dtype(model_dir, served) if device.type == "cuda" else torch.float32
+    dtype = torch_dtype(precision) if device.type == "cuda" else torch.float32
     base = load_base_model(model_dir, dtype).to(device)
     if adapter is None:
         return get_peft_model(base, lora_config(model, base)), tokenizer
@@ -171,20 +169,24 @@ class FeatureCache:
     cached feature is never stale.
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Encoder, size: int) -> None:
+    def __init__(self, model: torch.nn.Module, tokenizer: Encoder, size: int, precision: Precision = "float32") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.size = size
-        # Keyed by text and image digest: a key never holds the screenshot itself.
-        self._cache: OrderedDict[str | tuple[str, str], Tensor] = OrderedDict()
+        self.precision = precision
+        # Keyed by text or token ids, and image digest: a key never holds the screenshot itself.
+        self._cache: OrderedDict[_CacheKey, Tensor] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
-    def __call__(self, prompts: Sequence[Prompt]) -> Tensor:
+    def __call__(self, prompts: Sequence[ModelPrompt]) -> Tensor:
         """``[len(prompts), hidden]`` features, no gradient."""
         keys = [_cache_key(p) for p in prompts]
         missing = {k: p for k, p in zip(keys, prompts, strict=True) if k not in self._cache}
-        computed = prompt_features(self.model, self.tokenizer, list(missing.values())) if missing else []
+        computed: Sequence[Tensor] = []
+        if missing:
+            with autocast(next(self.model.parameters()).device, self.precision):
+                computed = prompt_features(self.model, self.tokenizer, list(missing.values())).float()
         fresh = dict(zip(missing, computed, strict=True))
         self.misses += len(missing)
         self.hits += len(prompts) - len(missing)
@@ -202,7 +204,12 @@ class FeatureCache:
         return torch.stack(rows) if rows else torch.zeros(0, text_config(self.model).hidden_size)
 
 
-def _cache_key(prompt: Prompt) -> str | tuple[str, str]:
+_CacheKey = str | tuple[str, str] | tuple[tuple[int, ...], str]
+
+
+def _cache_key(prompt: ModelPrompt) -> _CacheKey:
+    if isinstance(prompt, TokenPrompt):
+        return (prompt.ids, prompt.image.image_sha256 if prompt.image is not None else "")
     return (prompt.text, prompt.image_sha256) if isinstance(prompt, ImagePrompt) else prompt
 
 
@@ -230,6 +237,8 @@ class Trainer:
         temperature: the sampling temperature the server uses (log π is recomputed with it).
         grad_sync: in a learner group, the gradient average over members (every update calls it exactly once on
             every member, whatever its buffer holds); None for a single learner.
+        precision: the forward passes' (``learner.dtype`` resolved): ``bfloat16`` runs them under autocast; the
+            adapter, the critics, the optimisers and every loss stay float32.
     """
 
     def __init__(
@@ -241,12 +250,14 @@ class Trainer:
         *,
         temperature: float = 1.0,
         grad_sync: GradSync | None = None,
+        precision: Precision = "float32",
     ) -> None:
         self.cfg = cfg
         self.grad_sync = grad_sync
         self.model = model
         self.tokenizer = tokenizer
         self.temperature = temperature
+        self.precision = precision
         torch.manual_seed(cfg.seed)
         hidden = text_config(model).hidden_size
         self.step_critic = StepCritic(hidden, cfg.critic_hidden)
@@ -281,10 +292,18 @@ class Trainer:
             # Non-reentrant: the frozen embedding's output needs no gradient for the layers' recomputation to work.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.train()  # transformers checkpoints only in training mode; the policy has no dropout (lora_dropout)
-        self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size)
-        self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), text_config(model).vocab_size)
+        self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size, precision)
+        self.vocab_size = int(text_config(model).vocab_size)
+        self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), self.vocab_size)
         self.updates = 0
         self.rejected = 0  # episodes removed because their tokens are impossible under their candidates
+        # Steps ingested with the server's prompt ids, and those whose ids this learner's own rendering would not
+        # have produced (another template, tokenizer or prompt version: docs/design.md §6.2).
+        self.prompt_ids_checked = 0
+        self.prompt_ids_mismatched = 0
+        # (version, updates) when the weights were last those of a served version: only then does |log π − log μ|
+        # on that version's steps measure the inference/training mismatch alone (no update in between).
+        self._weights_of: tuple[int, int] | None = None
 
     # -- buffer --------------------------------------------------------------------------------------------------
 
@@ -400,8 +419,21 @@ class Trainer:
             "is_weight_mean": float(sample.is_weights.mean()),
             "sampled_priority_mean": float(priorities.mean()),
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
+            **self._mismatch_stats(version, logp, batch),
             **grads,
         }
+
+    def mark_version(self, version: int) -> None:
+        """The policy's weights are now exactly those of the served ``version`` (just published; or a fresh adapter,
+        the base model's version 0), until the next update."""
+        self._weights_of = (version, self.updates)
+
+    def _mismatch_stats(self, version: int, logp: Tensor, batch: EpisodeBatch) -> dict[str, float]:
+        """|log π − log μ| over the batch's steps acted by the weights log π was computed with (empty while the
+        weights are ahead of every served version)."""
+        if self._weights_of != (version, self.updates):
+            return {}
+        return aride.mismatch_stats(logp.detach(), batch.behaviour_logp, batch.policy_version == version, batch.mask)
 
     def critic_values(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The step critic on a batch: logits ``[B, T]`` (with gradient, for its loss), values σ(logits) (detached,
@@ -447,6 +479,7 @@ class Trainer:
             **aride.rho_stats(rhos, batch.mask, cfg.rho_bar),
             "value_error": float(aride.masked_mean((values - v_ret).abs(), batch.mask)),
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
+            **self._mismatch_stats(version, logp, batch),
             **grads,
         }
 
@@ -468,6 +501,7 @@ class Trainer:
             "logp_mean": float(aride.masked_mean(logp.detach(), batch.mask)),
             "imitated_fraction": float(len(among) / len(self.buffer)) if among is not None else 1.0,
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
+            **self._mismatch_stats(version, logp, batch),
             **grads,
         }
 
@@ -489,6 +523,9 @@ class Trainer:
             ActionConstraintError: a choice-mode action whose tokens the candidates' grammar forbids.
         """
         steps = [(e, t) for e in episodes for t in range(len(e))]
+        # Micro-batches of steps of similar length: each is padded to its longest, so sorted ones pad the least.
+        order = sorted(range(len(steps)), key=lambda i: _step_tokens(*steps[i]))
+        steps = [steps[i] for i in order]
         size = self.cfg.micro_batch_steps or max(len(steps), 1)
         if len(steps) <= size or not torch.is_grad_enabled():
             logprob, entropy = self._micro_batches(steps, size)
@@ -498,7 +535,9 @@ class Trainer:
             logprob.requires_grad_(True)
             entropy.requires_grad_(True)
             self._deferred.append((steps, logprob, entropy))
-        return aride.pad_steps(logprob, mask), aride.pad_steps(entropy, mask)
+        unsorted = torch.empty(len(order), dtype=torch.long)
+        unsorted[order] = torch.arange(len(order))
+        return aride.pad_steps(logprob[unsorted], mask), aride.pad_steps(entropy[unsorted], mask)
 
     def _micro_batches(self, steps: Sequence[tuple[EpisodeRecord, int]], size: int) -> tuple[Tensor, Tensor]:
         """Per-step log π and mean entropy of ``steps`` (flat, ``[N]`` each), ``size`` steps per forward pass."""
@@ -508,16 +547,18 @@ class Trainer:
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
     def _step_terms(self, steps: Sequence[tuple[EpisodeRecord, int]]) -> tuple[Tensor, Tensor]:
-        """One forward pass: per-step log π and mean per-token entropy of ``steps``, on the CPU, in float32."""
-        out = action_logprobs(
-            self.model,
-            self.tokenizer,
-            [self.step_prompt(e, t) for e, t in steps],
-            [e.steps[t].token_ids for e, t in steps],
-            [list(e.steps[t].candidates) if e.mode == "choice" else None for e, t in steps],
-            temperature=self.temperature,
-            constraint=self.constraint,
-        )
+        """One forward pass (in the learner's precision): per-step log π and mean per-token entropy of ``steps``, on
+        the CPU, in float32."""
+        with autocast(next(self.model.parameters()).device, self.precision):
+            out = action_logprobs(
+                self.model,
+                self.tokenizer,
+                [self.step_prompt(e, t) for e, t in steps],
+                [e.steps[t].token_ids for e, t in steps],
+                [list(e.steps[t].candidates) if e.mode == "choice" else None for e, t in steps],
+                temperature=self.temperature,
+                constraint=self.constraint,
+            )
         per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
         # The A-RIDE maths and the critic heads run on the CPU beside the cached features; autograd carries the
         # gradient back to a policy on the GPU (no-ops on the CPU).
@@ -540,14 +581,61 @@ class Trainer:
                 torch.autograd.backward([out for out, _ in used], [grad[i : i + size] for _, grad in used])
         self._deferred.clear()
 
-    def step_prompt(self, episode: EpisodeRecord, t: int) -> Prompt:
-        """The prompt the policy saw at step ``t`` (the collector's, rebuilt in the base model's format; a vision
-        policy's with the step's screenshot, read back through its claim check)."""
+    def step_prompt(self, episode: EpisodeRecord, t: int) -> ModelPrompt:
+        """The prompt the policy saw at step ``t``: the server's token ids where the step carries them (a vision
+        step's with its screenshot for the pixels), else the collector's prompt rebuilt in the base model's format
+        (events written before ``Step.prompt_token_ids``, docs/design.md §6.2)."""
+        ids = episode.steps[t].prompt_token_ids
+        if ids is None:
+            return self.rendered_prompt(episode, t)
+        return TokenPrompt(ids, self.rendered_prompt(episode, t) if self.prompter.vision else None)  # type: ignore[arg-type]
+
+    def rendered_prompt(self, episode: EpisodeRecord, t: int) -> Prompt:
+        """Step ``t``'s prompt as this learner renders it (a vision policy's with the step's screenshot, read back
+        through its claim check)."""
         step = episode.steps[t]
         screenshot = step_screenshot(episode, t, _verified_screenshot) if self.prompter.vision else None
         return self.prompter(
             episode.instruction, step.observation, episode.previous_actions(t), step.candidates, screenshot=screenshot
         )
+
+    def check_prompt_ids(self, episode: EpisodeRecord) -> int:
+        """Compare each step's server ids with this learner's rendering of its prompt; count both in
+        ``prompt_ids_checked`` / ``prompt_ids_mismatched`` and return the mismatches. The update trains on the
+        server's ids either way: a mismatch is what re-rendering would have got wrong.
+
+        Raises:
+            TrajectoryError: a vision step whose ids hold another number of image tokens than its screenshot fills
+                (its pixels could not be placed).
+        """
+        steps = [t for t, step in enumerate(episode.steps) if step.prompt_token_ids is not None]
+        if not steps:
+            return 0
+        rendered = encode_prompts(self.tokenizer, [self.rendered_prompt(episode, t) for t in steps]).input_ids
+        mismatched = 0
+        for t, ids in zip(steps, rendered, strict=True):
+            served = episode.steps[t].prompt_token_ids or ()
+            if self.prompter.vision and image_token_count(self.tokenizer, served) != image_token_count(
+                self.tokenizer, ids
+            ):
+                raise TrajectoryError(
+                    f"episode {episode.episode_id!r} step {t}: its prompt ids hold "
+                    f"{image_token_count(self.tokenizer, served)} image tokens, its screenshot fills "
+                    f"{image_token_count(self.tokenizer, ids)}"
+                )
+            if tuple(ids) != tuple(served):
+                mismatched += 1
+        if mismatched and not self.prompt_ids_mismatched:
+            log.warning(
+                "episode %s: %d of %d prompts tokenised by the server differ from this learner's rendering (another "
+                "template, tokenizer or prompt version?); training on the server's ids",
+                episode.episode_id,
+                mismatched,
+                len(steps),
+            )
+        self.prompt_ids_checked += len(steps)
+        self.prompt_ids_mismatched += mismatched
+        return mismatched
 
     def step_features(self, episodes: Sequence[EpisodeRecord]) -> Tensor:
         """Critic features of every step, flat and episode-major (``[N, hidden]``)."""
@@ -662,6 +750,8 @@ class Trainer:
             "critic_opt": self.critic_opt.state_dict(),
             "updates": self.updates,
             "rejected": self.rejected,
+            "prompt_ids_checked": self.prompt_ids_checked,
+            "prompt_ids_mismatched": self.prompt_ids_mismatched,
             "torch_rng": torch.get_rng_state(),
         }
 
@@ -673,7 +763,18 @@ class Trainer:
         self.critic_opt.load_state_dict(state["critic_opt"])
         self.updates = int(state["updates"])
         self.rejected = int(state["rejected"])
+        # Checkpoints written before the prompt ids existed lack the counters.
+        self.prompt_ids_checked = int(state.get("prompt_ids_checked", 0))
+        self.prompt_ids_mismatched = int(state.get("prompt_ids_mismatched", 0))
         torch.set_rng_state(state["torch_rng"])
+
+
+def _step_tokens(episode: EpisodeRecord, t: int) -> int:
+    """Step ``t``'s length in the learner's forward pass: its prompt's ids and its action's (an event without prompt
+    ids: its screen's characters, a fair proxy for sorting)."""
+    step = episode.steps[t]
+    prompt = len(step.prompt_token_ids) if step.prompt_token_ids is not None else len(step.observation)
+    return prompt + len(step.token_ids)
 
 
 def _batch_stats(version: int, versions: Tensor, mask: Tensor, success: Tensor) -> dict[str, float]:

@@ -29,7 +29,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from distrl_stream.errors import ActionConstraintError, LearnerError
-from distrl_stream.policy.prompt import ImagePrompt, Prompt
+from distrl_stream.policy.prompt import ImagePrompt, ModelPrompt, TokenPrompt
 from distrl_stream.policy.vision import decode_png
 
 # What encodes a policy's prompts: its tokenizer, or a vision policy's processor (which holds the tokenizer).
@@ -151,22 +151,33 @@ class EncodedPrompts:
         return {k: v.to(device) for k, v in self.images.items()}
 
 
-def encode_prompts(encoder: Encoder, prompts: Sequence[Prompt]) -> EncodedPrompts:
+def encode_prompts(encoder: Encoder, prompts: Sequence[ModelPrompt]) -> EncodedPrompts:
     """Token ids of each prompt, and the pixel inputs of the image prompts (concatenated over the batch: the model
-    fills its image tokens with them in order)."""
+    fills its image tokens with them in order). A :class:`TokenPrompt` keeps the server's ids; its image, if any, is
+    encoded for its pixels only.
+
+    Raises:
+        LearnerError: a token prompt whose image tokens are not as many as its screenshot fills.
+    """
     input_ids: list[list[int]] = []
     pixels: dict[str, list[Tensor]] = {}
     for prompt in prompts:
-        if isinstance(prompt, ImagePrompt):
+        image = prompt.image if isinstance(prompt, TokenPrompt) else prompt
+        if isinstance(image, ImagePrompt):
             # As vLLM's chat endpoint: the template already holds every special token the prompt needs.
             encoded = encoder(
-                text=prompt.text, images=[decode_png(prompt.png)], add_special_tokens=False, return_tensors="pt"
+                text=image.text, images=[decode_png(image.png)], add_special_tokens=False, return_tensors="pt"
             )
-            input_ids.append(encoded["input_ids"][0].tolist())
+            ids = encoded["input_ids"][0].tolist()
+            if isinstance(prompt, TokenPrompt):
+                ids = _served_image_ids(encoder, prompt.ids, ids)
+            input_ids.append(ids)
             # Everything else the processor made is the image's (pixels, and per family sizes or grids).
             for name, value in encoded.items():
                 if name not in ("input_ids", "attention_mask", "token_type_ids"):
                     pixels.setdefault(name, []).append(value)
+        elif isinstance(prompt, TokenPrompt):
+            input_ids.append(list(prompt.ids))
         else:
             input_ids.append(text_tokenizer(encoder)(prompt)["input_ids"])
     try:
@@ -174,6 +185,23 @@ def encode_prompts(encoder: Encoder, prompts: Sequence[Prompt]) -> EncodedPrompt
     except RuntimeError as exc:  # images the processor sized differently cannot share a batch
         raise LearnerError(f"the batch's images have different processed sizes: {exc}") from None
     return EncodedPrompts(input_ids, images)
+
+
+def image_token_count(encoder: Encoder, ids: Sequence[int]) -> int:
+    """How many of ``ids`` are the image token a vision processor fills with pixel features (0 for a tokenizer)."""
+    token = getattr(encoder, "image_token_id", None)
+    return 0 if token is None else sum(1 for i in ids if i == token)
+
+
+def _served_image_ids(encoder: Encoder, served: Sequence[int], rendered: Sequence[int]) -> list[int]:
+    """The server's ids of a vision step, once checked to hold as many image tokens as its screenshot's pixels fill
+    (the re-rendered ``rendered`` has exactly that many)."""
+    if image_token_count(encoder, served) != image_token_count(encoder, rendered):
+        raise LearnerError(
+            f"the prompt's ids hold {image_token_count(encoder, served)} image tokens, its screenshot fills "
+            f"{image_token_count(encoder, rendered)}"
+        )
+    return list(served)
 
 
 def decoder_states(
@@ -248,7 +276,7 @@ def check_output_head(model: torch.nn.Module) -> None:
 def action_logprobs(
     model: torch.nn.Module,
     tokenizer: Encoder,
-    prompts: Sequence[Prompt],
+    prompts: Sequence[ModelPrompt],
     action_token_ids: Sequence[Sequence[int]],
     candidates: Sequence[Sequence[str] | None] | None = None,
     *,
@@ -265,7 +293,8 @@ def action_logprobs(
         model: a causal LM (transformers, optionally wrapped by peft) in the state to evaluate.
         tokenizer: its tokenizer (a vision policy's processor); prompts are encoded as the server encodes them
             (special tokens added the tokenizer's way, image placeholders expanded the processor's way).
-        prompts: the prompts the server was given (:class:`distrl_stream.policy.prompt.Prompter`).
+        prompts: the prompts the server was given (:class:`distrl_stream.policy.prompt.Prompter`), or the server's
+            tokenisation of them (:class:`~distrl_stream.policy.prompt.TokenPrompt`).
         action_token_ids: the token ids the server returned for each action, including the final stop token.
         candidates: per sample, the choice the server was asked to make (choice mode), or None (free mode);
             None for the whole argument means free mode for all.

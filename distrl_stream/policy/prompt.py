@@ -151,6 +151,30 @@ class ImagePrompt:
 Prompt = str | ImagePrompt
 
 
+@dataclass(frozen=True)
+class TokenPrompt:
+    """A step's prompt as the server tokenised it (``Step.prompt_token_ids``): what the learner computes log π on,
+    so that what it trains on is exactly what the policy read, whatever its own template or tokenizer would render.
+
+    Attributes:
+        ids: the prompt's token ids, image placeholders expanded as the server expanded them.
+        image: a vision step's prompt, re-rendered: its screenshot gives the pixels that fill the image tokens of
+            ``ids``; None for a text prompt.
+    """
+
+    ids: tuple[int, ...]
+    image: ImagePrompt | None = None
+
+
+# What the learner's forward passes take: a prompt to encode, or one already encoded by the server.
+ModelPrompt = Prompt | TokenPrompt
+
+
+def prompt_image(prompt: ModelPrompt) -> ImagePrompt | None:
+    """The image prompt behind ``prompt`` (a vision step's), or None for a text prompt."""
+    return prompt.image if isinstance(prompt, TokenPrompt) else prompt if isinstance(prompt, ImagePrompt) else None
+
+
 class Prompter:
     """Renders the prompt of a step in the format its tokenizer calls for: ``chat`` when the tokenizer has a chat
     template, else ``raw``. The collector and the learner each build one from the same base model, so they render

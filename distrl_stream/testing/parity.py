@@ -9,6 +9,7 @@ from transformers import PreTrainedTokenizerBase
 
 from distrl_stream.inference.client import ActionResult
 from distrl_stream.policy.logprobs import ChoiceConstraint, action_logprobs
+from distrl_stream.policy.precision import Precision, autocast
 
 
 def logprob_gaps(
@@ -19,12 +20,14 @@ def logprob_gaps(
     candidates: Sequence[Sequence[str] | None] | None = None,
     *,
     batch_size: int = 32,
+    precision: Precision = "float32",
 ) -> list[float]:
     """|server log μ(a|s) − learner log π(a|s)| per answer, in nats: ``model`` recomputes each result's action
-    tokens on its prompt (under its candidates in choice mode; None: free mode), ``batch_size`` prompts at a time."""
+    tokens on its prompt (under its candidates in choice mode; None: free mode), ``batch_size`` prompts at a time, in
+    the learner's ``precision``."""
     constraint = ChoiceConstraint(tokenizer, model.config.vocab_size) if candidates is not None else None
     gaps: list[float] = []
-    with torch.no_grad():
+    with torch.no_grad(), autocast(next(model.parameters()).device, precision):
         for start in range(0, len(prompts), batch_size):
             chunk = slice(start, start + batch_size)
             out = action_logprobs(

@@ -67,7 +67,9 @@ class ScriptedPolicy:
             tokens=tuple(self.tokenizer.convert_ids_to_tokens(list(ids))),
             token_logprobs=logprobs,
             logprob=sum(logprobs),
-            prompt_token_ids=(),
+            # Tokenised as a server does a text prompt (the tokenizer's special tokens); an image prompt's expansion
+            # is the processor's, which a scripted policy does not have.
+            prompt_token_ids=tuple(self.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else (),
             model="scripted",
             version=self.version,
             mode="choice",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import io
+import json
 import random
 import struct
+from pathlib import Path
 
 import pytest
 from fastavro import schemaless_writer
@@ -16,6 +19,7 @@ from distrl_stream.events import (
     DeadLetter,
     MetricEvent,
     Serde,
+    Tensor,
     Termination,
     TrajectoryEvent,
     WeightVersionEvent,
@@ -207,3 +211,30 @@ def test_trajectory_written_with_version_1_reads_with_version_2_with_the_new_fie
     assert event == dataclasses.replace(trajectory, steps=steps)
     assert (event.final_observation, event.final_candidates) == (None, [])
     assert [(s.server, s.adapter_sha256) for s in event.steps] == [("", None), ("", None)]
+
+
+def test_prompt_token_ids_round_trip_in_the_narrowest_integer_type() -> None:
+    trajectory = sample_trajectory(random.Random(6), steps=2)
+    small, large = [0, 1, 49151, 65535], [0, 151_643, 7]
+    steps = [
+        dataclasses.replace(trajectory.steps[0], prompt_token_ids=Tensor.from_token_ids(small)),
+        dataclasses.replace(trajectory.steps[1], prompt_token_ids=Tensor.from_token_ids(large)),
+    ]
+    event = decode(encode(dataclasses.replace(trajectory, steps=steps)), expect=TrajectoryEvent)
+    first, second = (s.prompt_token_ids for s in event.steps)
+    assert first is not None and second is not None
+    assert (first.dtype, first.to_numpy().tolist()) == ("uint16", small)  # two bytes a token under 65,536
+    assert (second.dtype, second.to_numpy().tolist()) == ("int32", large)
+    assert len(first.data) == 2 * len(small)
+
+
+def test_trajectories_written_with_version_2_read_with_version_3_without_prompt_ids() -> None:
+    """The committed sample of records written before Step.prompt_token_ids (tests/learner/data)."""
+    sample = json.loads((Path(__file__).parents[1] / "learner" / "data" / "trajectories_v2.json").read_text())
+    blobs = [base64.b64decode(b) for b in sample["events"]]
+    assert {struct.unpack(">I", b[1:5])[0] for b in blobs} == {sample["schema_id"]} == {7}
+    events = [decode(b, expect=TrajectoryEvent) for b in blobs]
+    assert all(s.prompt_token_ids is None for e in events for s in e.steps)
+    assert all(s.server == "" and s.token_ids.dtype == "int32" for e in events for s in e.steps)
+    # Written again, they are version 3 records.
+    assert {struct.unpack(">I", encode(e)[1:5])[0] for e in events} == {8}

@@ -16,11 +16,12 @@ from transformers import ProcessorMixin
 
 from distrl_stream.artifacts import atomic_dir, version_event
 from distrl_stream.config import ModelConfig
+from distrl_stream.errors import LearnerError
 from distrl_stream.inference.client import ActionResult, InferenceClient
 from distrl_stream.inference.versions import AdapterLoader
 from distrl_stream.learner.trainer import load_policy
 from distrl_stream.policy.logprobs import action_logprobs, encode_prompts
-from distrl_stream.policy.prompt import ImagePrompt, Prompter
+from distrl_stream.policy.prompt import ImagePrompt, Prompter, TokenPrompt
 from distrl_stream.policy.vision import IMAGE_TOKEN, load_processor
 from tests.fixtures.vllm import VllmService
 
@@ -90,7 +91,10 @@ def _first_token_logprobs(results: Sequence[ActionResult]) -> dict[int, float]:
 
 
 def _assert_parity(
-    model: torch.nn.Module, processor: ProcessorMixin, prompt: ImagePrompt, results: Sequence[ActionResult]
+    model: torch.nn.Module,
+    processor: ProcessorMixin,
+    prompt: ImagePrompt | TokenPrompt,
+    results: Sequence[ActionResult],
 ) -> None:
     """The learner's log π(a | image, text) of every served answer is the server's log μ."""
     with torch.no_grad():
@@ -121,12 +125,23 @@ def test_a_screenshot_prompt_is_answered_through_the_chat_api_as_the_learner_tok
         [expected] = encode_prompts(processor, [prompt]).input_ids
         assert all(list(r.prompt_token_ids) == expected for r in results)
         _assert_parity(model, processor, prompt, results)
+        # The learner trains on the server's ids, its screenshot's pixels placed at their image tokens.
+        served = TokenPrompt(results[0].prompt_token_ids, prompt)
+        ours, rendered = encode_prompts(processor, [served]), encode_prompts(processor, [prompt])
+        assert ours.input_ids == rendered.input_ids
+        assert ours.images.keys() == rendered.images.keys()
+        assert all(torch.equal(ours.images[k], rendered.images[k]) for k in ours.images)
+        _assert_parity(model, processor, served, results)
     image_id = processor.tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     ids = list(light[0].prompt_token_ids)
     start = ids.index(image_id)
     assert ids[start : start + processor.image_seq_len] == [image_id] * processor.image_seq_len
     assert ids.count(image_id) == processor.image_seq_len == 16
     _assert_differ(light, dark)  # the image reaches the model
+    # Ids whose image tokens the screenshot cannot fill are refused, never trained on misplaced pixels.
+    short = tuple(i for k, i in enumerate(ids) if not (i == image_id and k == start))
+    with pytest.raises(LearnerError, match="hold 15 image tokens, its screenshot fills 16"):
+        encode_prompts(processor, [TokenPrompt(short, prompts[0])])
 
 
 def test_a_lora_version_on_the_language_tower_is_hot_loaded_and_changes_the_answers(

@@ -166,3 +166,18 @@ def test_a_vision_learner_refuses_steps_whose_screenshot_is_missing_or_altered(t
         episode_from_event(dataclasses.replace(good, steps=steps), screenshots=True)
     with pytest.raises(TrajectoryError, match="step 0: no screenshot for a policy that reads them"):
         episode_from_event(event, screenshots=True)
+
+
+def test_token_ids_outside_the_policys_vocabulary_are_refused_at_ingest() -> None:
+    """A poison pill: an id past the vocabulary would fail every forward pass on it, at every restart."""
+    good = _step0(event(3), prompt_token_ids=Tensor.from_token_ids([1, 2, 3]))
+    assert episode_from_event(good, vocab_size=1 << 16).steps[0].prompt_token_ids == (1, 2, 3)
+    past_action = _step0(event(3), token_ids=Tensor.from_numpy(np.array([5, 1 << 16], dtype=np.int32)))
+    with pytest.raises(TrajectoryError, match=r"token_ids: token id 65536 outside the policy.s vocabulary of 65536"):
+        episode_from_event(past_action, vocab_size=1 << 16)
+    past_prompt = _step0(event(3), prompt_token_ids=Tensor.from_token_ids([1, 70000]))
+    with pytest.raises(TrajectoryError, match=r"prompt_token_ids: token id 70000 outside"):
+        episode_from_event(past_prompt, vocab_size=1 << 16)
+    for bad in (Tensor.from_numpy(np.zeros(0, dtype=np.uint16)), Tensor.from_numpy(np.ones((2, 2), dtype=np.int32))):
+        with pytest.raises(TrajectoryError, match="prompt_token_ids must be a non-empty 1-D integer array"):
+            episode_from_event(_step0(event(3), prompt_token_ids=bad))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ import torch
 from distrl_stream.config import LearnerConfig, ModelConfig
 from distrl_stream.envs.sim import sim_tasks
 from distrl_stream.errors import LearnerError
+from distrl_stream.events import TrajectoryEvent, decode
 from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
@@ -212,8 +216,9 @@ def test_gradient_checkpointing_with_dropout_is_refused(tiny_model_dir: Path) ->
 
 
 def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
-    # SmolLM2-135M with chat prompts, micro-batches of 2 steps and checkpointed layers (up's pretrained profile).
-    model, tokenizer = load_policy(smollm2_dir, ModelConfig())
+    # SmolLM2-135M with chat prompts, micro-batches of 2 steps and checkpointed layers, in bf16 (up's pretrained
+    # profile on this CPU).
+    model, tokenizer = load_policy(smollm2_dir, ModelConfig(), precision="bfloat16")
     rng = random.Random(0)
     tasks = sim_tasks("train", 20, ["take_photo", "turn_on_setting"])
     prompter = Prompter(tokenizer)
@@ -221,7 +226,7 @@ def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
     cfg = LearnerConfig(
         batch_episodes=2, min_buffer_episodes=2, micro_batch_steps=2, gradient_checkpointing=True, policy_lr=1e-3
     )
-    t = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
+    t = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg), precision="bfloat16")
     for episode in episodes:
         t.buffer.add(episode)
     assert t.prompter.format == "chat" and sum(len(e) for e in episodes) > cfg.micro_batch_steps
@@ -230,3 +235,80 @@ def test_an_aride_update_on_a_real_pretrained_model(smollm2_dir: Path) -> None:
     assert stats is not None and all(math.isfinite(v) for v in stats.values())
     assert changed(before, t)
     assert stats["rho_mean"] > 0
+    # Master weights and optimiser state stay float32 under bf16 autocast.
+    assert {p.dtype for p in t.policy_params} == {torch.float32}
+    assert {v.dtype for state in t.policy_opt.state.values() for v in state.values() if v.dim()} == {torch.float32}
+
+
+def test_events_written_before_prompt_ids_existed_still_train(tiny_model_dir: Path) -> None:
+    """The committed sample of TrajectoryEvent v2 records: their prompts are rendered again, as before."""
+    sample = json.loads((Path(__file__).parent / "data" / "trajectories_v2.json").read_text())
+    old = [episode_from_event(decode(base64.b64decode(b), expect=TrajectoryEvent)) for b in sample["events"]]
+    t = trainer(tiny_model_dir, old)
+    assert all(step.prompt_token_ids is None for e in old for step in e.steps)
+    assert isinstance(t.step_prompt(old[0], 0), str) and t.check_prompt_ids(old[0]) == 0
+    before = lora_snapshot(t)
+    stats = t.update("aride", version=0)
+    assert stats is not None and changed(before, t)
+
+
+class _OtherTemplate(Prompter):
+    """A learner whose own rendering differs from what the collector sent (another template or prompt version)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return "Learner side. " + super().__call__(*args, **kwargs)
+
+
+def test_the_update_uses_the_servers_prompt_ids_not_the_learners_rendering(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    batch = episodes[:4]
+    assert all(step.prompt_token_ids for e in batch for step in e.steps)
+    same, other = trainer(tiny_model_dir, batch), trainer(tiny_model_dir, batch)
+    other.prompter = _OtherTemplate()
+    steps = sum(len(e) for e in batch)
+    assert sum(other.check_prompt_ids(e) for e in batch) == steps == other.prompt_ids_mismatched
+    assert sum(same.check_prompt_ids(e) for e in batch) == 0 and same.prompt_ids_checked == steps
+    assert [other.step_prompt(e, t).ids for e in batch for t in range(len(e))] == [  # type: ignore[union-attr]
+        e.steps[t].prompt_token_ids for e in batch for t in range(len(e))
+    ]
+    mask = collate(batch).mask
+    with torch.no_grad():
+        ours, theirs = same.policy_terms(batch, mask)[0], other.policy_terms(batch, mask)[0]
+    assert torch.equal(ours, theirs)
+    # What the other rendering would have trained on differs.
+    rendered = [
+        dataclasses.replace(e, steps=tuple(dataclasses.replace(s, prompt_token_ids=None) for s in e.steps))
+        for e in batch
+    ]
+    with torch.no_grad():
+        assert not torch.allclose(other.policy_terms(rendered, mask)[0], theirs)
+
+
+def test_the_mismatch_is_measured_only_while_the_weights_are_a_served_versions(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    t = trainer(tiny_model_dir, episodes)
+    t.mark_version(0)  # a fresh adapter: the base model, served as version 0
+    first = t.update("aride", version=0)
+    second = t.update("aride", version=0)  # the weights have moved since version 0
+    assert first is not None and second is not None
+    assert first["logp_mismatch_steps"] > 0 and 0 <= first["logp_mismatch_mean"] <= first["logp_mismatch_max"]
+    assert "logp_mismatch_mean" not in second
+    t.mark_version(1)
+    third = t.update("aride", version=1)
+    assert third is not None and "logp_mismatch_mean" not in third  # no step of the batch was acted by version 1
+
+
+def test_bf16_autocast_keeps_log_pi_near_float32_and_master_weights_in_float32(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    full, half = trainer(tiny_model_dir, episodes[:4]), trainer(tiny_model_dir, episodes[:4])
+    half.precision = "bfloat16"
+    mask = collate(episodes[:4]).mask
+    with torch.no_grad():
+        gap = (full.policy_terms(episodes[:4], mask)[0] - half.policy_terms(episodes[:4], mask)[0]).abs()
+    assert 0 < float(gap.max()) < 0.1  # bf16 arithmetic ran, and stayed close
+    stats = half.update("aride", version=0)
+    assert stats is not None and all(math.isfinite(v) for v in stats.values())
+    assert {p.dtype for p in half.policy_params} == {torch.float32}

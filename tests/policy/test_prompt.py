@@ -24,6 +24,7 @@ from distrl_stream.policy.prompt import (
     SYSTEM_PROMPT,
     TRUNCATION_MARK,
     Prompter,
+    TokenPrompt,
     build_prompt,
 )
 from distrl_stream.testing.scripted import ScriptedPolicy
@@ -121,7 +122,12 @@ def test_the_chat_prompt_the_collector_sent_is_the_one_the_learner_rebuilds(smol
         )
         record = episode_from_event(outcome.to_event(run="r", collector_id="c", mode="choice", base_model="smollm2"))
         assert len(record) == len(policy.prompts) > 0
-        assert [trainer.step_prompt(record, t) for t in range(len(record))] == policy.prompts
+        assert [trainer.rendered_prompt(record, t) for t in range(len(record))] == policy.prompts
+        # What it trains on are the ids the policy was prompted with, which its own rendering reproduces.
+        assert [trainer.step_prompt(record, t) for t in range(len(record))] == [
+            TokenPrompt(tuple(tokenizer(p)["input_ids"])) for p in policy.prompts
+        ]
+        assert trainer.check_prompt_ids(record) == 0
 
 
 def test_every_sim_chat_prompt_and_its_longest_action_fit_the_pretrained_profile_context(smollm2_dir: Path) -> None:
