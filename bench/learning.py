@@ -424,17 +424,21 @@ class Services(NamedTuple):
 
 
 @contextlib.contextmanager
-def local_services(root: Path, inference_url: str | None = None, pretrained: str | None = None) -> Iterator[Services]:
+def local_services(
+    root: Path, inference_url: str | None = None, pretrained: str | None = None, dtype: str = "auto"
+) -> Iterator[Services]:
     """The tiny model (or the ``pretrained`` one, pulled into the repository's data dir and served as ``up``'s
-    pretrained profile serves it), an embedded broker and a vLLM server on the model (or ``inference_url``), under
-    ``root``. Both services stop on the way out, whatever happened.
+    pretrained profile serves it), an embedded broker and a vLLM server on the model (or ``inference_url``) in
+    ``dtype`` (``inference.dtype``), under ``root``. Both services stop on the way out, whatever happened.
     """
     if pretrained is None:
         model_dir = build_model(root / "tiny", "tiny", seed=0)
-        inference = InferenceConfig(port=0, startup_timeout_s=300.0)
+        inference = InferenceConfig(port=0, startup_timeout_s=300.0, dtype=dtype)
     else:
         model_dir = pull(pretrained, repository_model_dir(pretrained))
-        inference = InferenceConfig(port=0, startup_timeout_s=600.0, **PRETRAINED_UP_PROFILE["inference"])
+        inference = InferenceConfig(
+            port=0, startup_timeout_s=600.0, **{**PRETRAINED_UP_PROFILE["inference"], "dtype": dtype}
+        )
     broker = EmbeddedBroker.from_config(load_config(None, data_dir=root / "data"))
     bootstrap = broker.start()
     server = InferenceServer(model_dir, inference, ModelConfig(), root / "vllm.log")
@@ -801,6 +805,12 @@ def main() -> None:
     )
     parser.add_argument("--templates", help="comma-separated sim templates (default: all eight)")
     parser.add_argument(
+        "--precision",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="the server's and every learner's precision (inference.dtype, learner.dtype): bf16 or float32 end to end",
+    )
+    parser.add_argument(
         "--env",
         choices=("sim", "miniwob"),
         default="sim",
@@ -863,7 +873,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-learning-") as tmp:
         root = Path(tmp)
-        with local_services(root, args.inference_url, args.model) as services:
+        with local_services(root, args.inference_url, args.model, args.precision) as services:
             model_dir, bootstrap, server_url = services.model_dir, services.bootstrap, services.url
             prefix = f"bench-learning-{uuid.uuid4().hex[:6]}"
             base: dict[str, Any] = {
@@ -881,7 +891,7 @@ def main() -> None:
                     if args.env == "miniwob"
                     else {"templates": templates, "latency": "lognormal", "latency_mean_s": args.latency_mean}
                 ),
-                "learner": dict(learner_profile),
+                "learner": {**learner_profile, "dtype": args.precision},
                 # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
                 "artifacts": {"store": "file"},
             }
@@ -982,6 +992,7 @@ def main() -> None:
             ),
             "eval_tasks": eval_tasks,
             "learner": learner_profile,
+            "precision": args.precision,
             "scripted_noise": None if args.model else args.noise,
             "scripted_episodes": None if args.model else args.scripted_episodes,
             "bc_updates": None if args.model else args.bc_updates,

@@ -173,23 +173,33 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
 
     # The bare pass: the same micro-batches, laid out as the learner lays them out, through the decoder and back.
     params = [p for p in model.parameters() if p.requires_grad]
-    started = time.perf_counter()
-    for prompts, actions in grad_batches:
-        ids = [p + list(a) for p, a in zip(prompts, actions, strict=True)]
-        width = max(len(i) for i in ids)
-        input_ids = torch.zeros((len(ids), width), dtype=torch.long)
-        attention = torch.zeros((len(ids), width), dtype=torch.long)
-        for row, row_ids in enumerate(ids):
-            input_ids[row, width - len(row_ids) :] = torch.tensor(row_ids)
-            attention[row, width - len(row_ids) :] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        with autocast(torch.device("cpu"), precision):
-            hidden = decoder_states(model, input_ids, attention, positions)
-        width_a = max(len(a) for a in actions)
-        hidden[:, -width_a:].float().sum().backward()
-        for p in params:
-            p.grad = None
-    bare_s = time.perf_counter() - started
+
+    def bare() -> float:
+        """Seconds of the bare forward + backward over every recorded micro-batch."""
+        started = time.perf_counter()
+        for prompts, actions in grad_batches:
+            ids = [p + list(a) for p, a in zip(prompts, actions, strict=True)]
+            width = max(len(i) for i in ids)
+            input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+            attention = torch.zeros((len(ids), width), dtype=torch.long)
+            for row, row_ids in enumerate(ids):
+                input_ids[row, width - len(row_ids) :] = torch.tensor(row_ids)
+                attention[row, width - len(row_ids) :] = 1
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            with autocast(torch.device("cpu"), precision):
+                hidden = decoder_states(model, input_ids, attention, positions)
+            width_a = max(len(a) for a in actions)
+            hidden[:, -width_a:].float().sum().backward()
+            for p in params:
+                p.grad = None
+        return time.perf_counter() - started
+
+    bare_s = bare()  # with the setting's checkpointing, if any
+    plain = {}
+    if cfg.gradient_checkpointing:
+        # And what a forward + backward costs with nothing recomputed: the bound an update is measured against.
+        model.gradient_checkpointing_disable()
+        plain = {"bare_plain_tokens_per_s": tokens / bare()}
     return {
         "settings": settings,
         "precision": precision,
@@ -203,6 +213,7 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
         "rss_loaded_gb": loaded_rss,
         "rss_peak_gb": update_rss,
         "rss_peak_all_gb": _max_rss_gb(),
+        **plain,
     }
 
 
@@ -234,7 +245,7 @@ def learner_efficiency(model_dir: Path, updates: int) -> dict[str, Any]:
     """Each setting in its own child process, one after the other."""
     profile = PRETRAINED_UP_PROFILE["learner"]
     keys = ("batch_episodes", "min_buffer_episodes", "micro_batch_steps", "gradient_checkpointing", "threads")
-    base = {k: profile[k] for k in keys}
+    base = {k: profile[k] for k in keys if k in profile}
     settings = {
         "profile": base,
         "no_checkpointing": {**base, "gradient_checkpointing": False},

@@ -148,6 +148,10 @@ def _held_out(result: dict[str, float] | None) -> str:
     return f"{100 * result['success']:.1f}% (v{int(result['version'])}, {int(result['tasks'])} test tasks)"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
 def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
     served = version_ranges(s.versions_served)
     lines = [
@@ -155,6 +159,11 @@ def _summary_text(s: Any, *, keep_broker: bool, external: bool) -> str:
         f"  trajectories: {s.episodes} (success {100 * s.success_rate:.1f}%, {s.trajectories_per_min:.1f}/min)",
         f"  weight versions: {s.versions_published} published, {len(s.versions_served)} served ({served})",
         f"  learner updates: {'-' if s.learner_updates is None else s.learner_updates}",
+        f"  pacing: collectors paused {_share(s.collectors_paused_share)} of their time, learner idle "
+        f"{_share(s.learner_idle_share)} of its",
+        f"  prompt ids: {'-' if s.prompt_ids_checked is None else s.prompt_ids_checked} steps trained on the "
+        f"server's, {'-' if s.prompt_ids_mismatched is None else s.prompt_ids_mismatched} of them unlike the "
+        "learner's own rendering",
         f"  held-out success: {_held_out(s.held_out_start)} before training, {_held_out(s.held_out_end)} at the end",
         f"  dead letters: {s.dead_letters}",
         f"  data: {s.data_dir} (run files {s.run_dir}, logs {s.logs_dir}"

@@ -88,8 +88,9 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     "learner": {
         "batch_episodes": 2,
         "min_buffer_episodes": 4,
-        # Two prompts per forward, layers checkpointed: peak RSS 2.1 GB; a batch in one pass exceeds 14 GB.
-        "micro_batch_steps": 2,
+        # The batch in one forward pass (no second one), layers checkpointed: in bf16 31.4 s an update at a peak
+        # RSS of 2.8-3.4 GB, where 2-step micro-batches redo each forward and no checkpointing needs ~8.6 GB
+        # (docs/learner.md, "Precision").
         "gradient_checkpointing": True,
         "policy_lr": 3e-4,
         "gamma": 0.9,
@@ -196,6 +197,13 @@ class UpSummary:
     versions_published: int = 0
     versions_served: list[int] = field(default_factory=list)
     learner_updates: int | None = None
+    # Shares of their running time the collectors held new episodes back for the learner (their mean) and the
+    # learner waited for data with nothing to update on: the pacing of the run (None: not reported).
+    collectors_paused_share: float | None = None
+    learner_idle_share: float | None = None
+    # Ingested steps with the server's prompt ids, and those the learner's own rendering would not reproduce.
+    prompt_ids_checked: int | None = None
+    prompt_ids_mismatched: int | None = None
     dead_letters: int = 0
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     failure: str | None = None
@@ -215,6 +223,15 @@ class UpSummary:
     def to_dict(self) -> dict[str, object]:
         """JSON-ready form."""
         return {**asdict(self), "success_rate": self.success_rate}
+
+
+@dataclass(frozen=True)
+class _MetricsReadBack:
+    served: list[int]
+    updates: int | None
+    paused_share: float | None
+    idle_share: float | None
+    prompt_ids: tuple[int | None, int | None]
 
 
 class LocalStack:
@@ -490,7 +507,10 @@ class LocalStack:
             summary.episodes, summary.successes = stats.episodes, stats.successes
             summary.trajectories_per_min = stats.trajectories_per_min
             summary.versions_published = max((w.version for w in weights), default=0)
-            summary.versions_served, summary.learner_updates = self._served_versions()
+            readback = self._read_metrics()
+            summary.versions_served, summary.learner_updates = readback.served, readback.updates
+            summary.collectors_paused_share, summary.learner_idle_share = readback.paused_share, readback.idle_share
+            summary.prompt_ids_checked, summary.prompt_ids_mismatched = readback.prompt_ids
             summary.dead_letters = sum(1 for _ in read_topic(cfg.kafka, self.topics.dlq))
             if report:
                 from distrl_stream.analysis.report import write_report
@@ -502,10 +522,12 @@ class LocalStack:
         (cfg.run_dir / "up-summary.json").write_text(json.dumps(summary.to_dict(), indent=2))
         return summary
 
-    def _served_versions(self) -> tuple[list[int], int | None]:
-        """Adapter versions the policy server reported loaded, and the learner's last update count."""
+    def _read_metrics(self) -> _MetricsReadBack:
+        """What the roles' metric events say of the run: versions the server loaded, the learner's updates, and each
+        side's waiting (from every source's last event)."""
         served: set[int] = set()
         updates: int | None = None
+        last: dict[tuple[str, str], dict[str, float]] = {}
         for msg in read_topic(self.cfg.kafka, self.topics.metrics):
             with contextlib.suppress(DistrlError):
                 event = decode(msg.value(), MetricEvent)
@@ -513,4 +535,31 @@ class LocalStack:
                     served.add(int(event.values.get("policy_version", 0)))
                 elif event.role == "learner" and "updates" in event.values:
                     updates = max(updates or 0, int(event.values["updates"]))
-        return sorted(served), updates
+                if event.role in ("collector", "learner"):
+                    last[(event.role, event.source_id)] = event.values
+        paused = [
+            v["paused_s"] / v["uptime_s"]
+            for (role, _), v in last.items()
+            if role == "collector" and v.get("uptime_s", 0) > 0 and "paused_s" in v
+        ]
+        idle = [
+            v["idle_s"] / v["running_s"]
+            for (role, _), v in last.items()
+            if role == "learner" and v.get("running_s", 0) > 0 and "idle_s" in v
+        ]
+        learners = [v for (role, _), v in last.items() if role == "learner" and "prompt_ids_checked" in v]
+        prompt_ids = (
+            (
+                sum(int(v["prompt_ids_checked"]) for v in learners),
+                sum(int(v["prompt_ids_mismatched"]) for v in learners),
+            )
+            if learners
+            else (None, None)
+        )
+        return _MetricsReadBack(
+            sorted(served),
+            updates,
+            sum(paused) / len(paused) if paused else None,
+            max(idle) if idle else None,
+            prompt_ids,
+        )

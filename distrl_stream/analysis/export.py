@@ -90,6 +90,7 @@ STEP_SCHEMA = pa.schema(
         ("env_latency_s", pa.float64()),
         ("server", pa.string()),
         ("adapter_sha256", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
         ("partition", pa.int32()),
         ("offset", pa.int64()),
     ]
@@ -164,6 +165,9 @@ def step_rows(record: TrajectoryRecord) -> Iterator[dict[str, Any]]:
             "env_latency_s": s.env_latency_s,
             "server": s.server,
             "adapter_sha256": s.adapter_sha256,
+            "prompt_token_ids": None
+            if s.prompt_token_ids is None
+            else s.prompt_token_ids.to_numpy().astype(np.int32).tolist(),
             "partition": record.partition,
             "offset": record.offset,
         }

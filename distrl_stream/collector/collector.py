@@ -147,6 +147,8 @@ class Collector:
         self._claimed = 0
         self._in_flight: set[str] = set()
         self._paused = False
+        self._paused_at = 0.0  # when the current pause began
+        self._paused_s = 0.0  # seconds paused before it
         self._served_checked_at = -math.inf
         self._screenshots = ScreenshotStore(cfg.run_dir / "screenshots" / self.collector_id)
         self._producer: Producer | None = None
@@ -457,10 +459,12 @@ class Collector:
                 if self._paused:
                     log.info("resuming new episodes")
                     self._paused = False
+                    self._paused_s += time.monotonic() - self._paused_at
                 return True
             if not self._paused:
                 log.warning("pausing new episodes: %s", reason)
                 self._paused = True
+                self._paused_at = time.monotonic()
             await self._sleep(self.settings.version_refresh_s)
         return False
 
@@ -620,6 +624,8 @@ class Collector:
         if self._published is not None:
             extra["learner_version"] = float(self._published.latest)
             extra["policy_lag"] = float(self._published.latest - self._client.version)
+        # Cumulative seconds new episodes waited for the learner (pause_above_policy_lag, samples_per_insert).
+        extra["paused_s"] = self._paused_s + (time.monotonic() - self._paused_at if self._paused else 0.0)
         values = self.stats.snapshot(
             policy_version=self._client.version, in_flight=self.in_flight, paused=self._paused, extra=extra
         )

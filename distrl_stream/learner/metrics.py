@@ -31,6 +31,10 @@ class Counters:
         return dict(self.__dict__)
 
 
+# The update statistics distrl_learner_logp_mismatch_nats shows (its steps and updates_ahead go to update_stat).
+_MISMATCH_NATS = ("logp_mismatch_mean", "logp_mismatch_max")
+
+
 class LearnerMetrics(RoleMetrics):
     """A learner's metrics.
 
@@ -44,6 +48,7 @@ class LearnerMetrics(RoleMetrics):
         buffer: (episodes, steps, fill fraction) of the replay buffer.
         consumer_lag: records of ``{run}.trajectories`` on its partitions not yet used (None until measured).
         ingest_queue: decoded trajectories waiting for the trainer (None while not running).
+        prompt_ids: (checked, mismatched) ingested steps' prompt ids (docs/design.md §6.2).
     """
 
     def __init__(
@@ -57,6 +62,7 @@ class LearnerMetrics(RoleMetrics):
         buffer: Callable[[], tuple[int, int, float]],
         consumer_lag: Callable[[], int | None],
         ingest_queue: Callable[[], int | None],
+        prompt_ids: Callable[[], tuple[int, int]],
     ) -> None:
         super().__init__(run, "learner", member_id)
         self._update_stats: dict[str, float] = {}
@@ -95,6 +101,20 @@ class LearnerMetrics(RoleMetrics):
             "stat",
         )
         self.gauge(
+            f"{p}_logp_mismatch_nats",
+            "|log π − log μ| of the last update's steps acted by the weights it computed with (no staleness in it: "
+            "the inference/training mismatch; update_stat logp_mismatch_updates_ahead: policy steps since): mean, max.",
+            lambda: {k: v for k, v in self._stats("logp_mismatch_").items() if k in ("mean", "max")},
+            "stat",
+        )
+        self.counter(
+            f"{p}_prompt_ids",
+            "Ingested steps whose prompt ids the server recorded (checked), and those this learner's own rendering "
+            "of the prompt would not have reproduced (mismatched; it trains on the server's).",
+            lambda: {"checked": prompt_ids()[0], "mismatched": prompt_ids()[1]},
+            "status",
+        )
+        self.gauge(
             f"{p}_update_stat",
             "Every other number of the last update's statistics, by its MetricEvent name.",
             lambda: self._stats(""),
@@ -114,4 +134,8 @@ class LearnerMetrics(RoleMetrics):
             stats = self._update_stats
         if prefix:
             return {k.removeprefix(prefix): v for k, v in stats.items() if k.startswith(prefix) and math.isfinite(v)}
-        return {k: v for k, v in stats.items() if not k.startswith(("loss_", "rho_")) and math.isfinite(v)}
+        return {
+            k: v
+            for k, v in stats.items()
+            if not k.startswith(("loss_", "rho_")) and k not in _MISMATCH_NATS and math.isfinite(v)
+        }

@@ -129,6 +129,8 @@ class Learner:
         # in the artifact store at start); lags and round mode are measured from it.
         self.version = 0
         self.precision: Precision = "float32"  # the forward passes' precision, decided at start
+        self._running_since: float | None = None  # when run() began
+        self._idle_s = 0.0  # seconds run() waited for data since
         # Each member samples its own shard with its own generator.
         self.buffer = ReplayBuffer(
             cfg.learner.buffer_capacity_steps, cfg.learner.dper_alpha, seed=cfg.learner.seed + self.membership.rank
@@ -165,6 +167,9 @@ class Learner:
             buffer=lambda: (len(self.buffer), self.buffer.num_steps, self.buffer.num_steps / self.buffer.capacity),
             consumer_lag=lambda: self._reader.lag if self._reader is not None else None,
             ingest_queue=lambda: self._reader.queued if self._reader is not None else None,
+            prompt_ids=lambda: (
+                (self._trainer.prompt_ids_checked, self._trainer.prompt_ids_mismatched) if self._trainer else (0, 0)
+            ),
         )
 
     # -- lifecycle -----------------------------------------------------------------------------------------------
@@ -197,10 +202,10 @@ class Learner:
         if self.settings.threads:
             torch.set_num_threads(self.settings.threads)
         self.device = resolve_device(self.settings.device, self.membership)
-        self.precision = resolve_precision(self.settings.dtype, self.device.type, role="learner")
         if self.membership.world_size > 1 and self._round_mode():
             raise LearnerError("learner.round_episodes: round mode needs a single learner member (--nproc-per-node 1)")
         self.lock.acquire()
+        self.precision = resolve_precision(self.settings.dtype, self.device.type, role="learner")
         # One scalar log for the group: the writer's (every member's numbers are on {run}.metrics with its rank).
         if self.settings.tensorboard_dir is not None and self.membership.writer:
             self._tensorboard = scalar_writer(self.settings.tensorboard_dir, "learner.tensorboard_dir")
@@ -336,6 +341,7 @@ class Learner:
         )
         self._reader.start()
         self._window = _Window()
+        self._running_since, self._idle_s = time.monotonic(), 0.0
         self._replay_base = (trainer.updates, self.counters.ingested - len(self.buffer))
         clean = False
         try:
@@ -351,6 +357,8 @@ class Learner:
                 go, stopping, version, *done = self.group.exchange(
                     [float(ready), float(stop.is_set()), float(self.version), *(float(p in rebuilt) for p in unread)]
                 )
+                if int(version) > self.version:  # a version rank 0 published: these are its weights too
+                    self.trainer.mark_version(int(version))
                 self.version = max(self.version, int(version))
                 self._shard_rebuilt.update(p for p, d in zip(unread, done, strict=True) if d)
                 if stopping:
@@ -361,7 +369,7 @@ class Learner:
                         log.info("learner %s: max_updates=%d reached", self.member_id, limit)
                         break
                 else:
-                    self._reader.wait(0.2)
+                    self._wait_for_data()
                 if time.monotonic() - self._window.started >= self.settings.metrics_interval_s:
                     self.emit_metrics()
             clean = True
@@ -403,8 +411,8 @@ class Learner:
     def _convert(self, event: TrajectoryEvent) -> EpisodeRecord:
         """:func:`episode_from_event` for this learner: acted by its base model, with choice-mode tokens its
         policy's choice constraint accepts, token ids inside its vocabulary and, for a vision policy, screenshots that
-        read back as recorded (else an update or a priority refresh could not compute log π on it); the server's
-        prompt ids checked against this learner's rendering (counted, docs/design.md §6.2)."""
+        read back as recorded, with as many image tokens in its prompt ids as they fill (else an update or a priority
+        refresh could not compute log π on it). Runs on the reader's thread."""
         episode = episode_from_event(
             event,
             base_model=self.cfg.model.base_model_id,
@@ -412,7 +420,7 @@ class Learner:
             screenshots=self.trainer.prompter.vision,
             vocab_size=self.trainer.vocab_size,
         )
-        self.trainer.check_prompt_ids(episode)
+        self.trainer.check_image_tokens(episode)
         return episode
 
     def _ingest(self, entries: list[Entry]) -> None:
@@ -471,6 +479,8 @@ class Learner:
             self.counters.rejected += 1
             return "rejected"
         self._origins[key] = (self.topics.trajectories, *origin)
+        # Counted once per episode ingested, on this thread (a rebuild from the checkpoint's shard is not counted).
+        self.trainer.check_prompt_ids(episode)
         self._window.lags.extend(lags)
         for lag in lags:
             self.prometheus.policy_lag.observe(lag)
@@ -504,6 +514,13 @@ class Learner:
         updates = self.trainer.updates - base_updates + (1 if next_update else 0)
         return updates * self.settings.batch_episodes / max(self.counters.ingested - base_ingested, 1)
 
+    def _wait_for_data(self) -> None:
+        """Wait a moment for trajectories, counted as idle time (``idle_s``: the learner starved of data)."""
+        assert self._reader is not None
+        started = time.monotonic()
+        self._reader.wait(0.2)
+        self._idle_s += time.monotonic() - started
+
     def _update_once(self, *, contribute: bool = True) -> None:
         trainer = self.trainer
         stats = trainer.update(version=self.version, contribute=contribute)
@@ -514,7 +531,7 @@ class Learner:
             self._dirty = True
         elif self._reader is not None:
             # Nothing to learn from yet (e.g. filtered BC before the first success): let data arrive.
-            self._reader.wait(0.2)
+            self._wait_for_data()
         if self._round_mode():
             # Every attempt counts, so a round always ends in a version and synchronous collectors never wait in vain.
             self._round_updates_left -= 1
@@ -782,6 +799,9 @@ class Learner:
             "policy_lag_p95": float(np.percentile(lags, 95)) if lags.size else 0.0,
             "policy_lag_max": float(lags.max()) if lags.size else 0.0,
             "feature_cache_hit_rate": trainer.features.hits / max(trainer.features.hits + trainer.features.misses, 1),
+            # Since run() began: how long the learner waited for data with nothing to update on.
+            "running_s": time.monotonic() - self._running_since if self._running_since is not None else 0.0,
+            "idle_s": self._idle_s,
         }
         if self._reader is not None:
             values["ingest_queue"] = float(self._reader.queued)

@@ -19,6 +19,7 @@ The baselines run in the same class: ``digirl`` (trajectory-critic filter + bina
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import Tensor
@@ -51,9 +53,9 @@ from distrl_stream.policy.logprobs import (
     ChoiceConstraint,
     Encoder,
     action_logprobs,
+    check_image_tokens,
     check_output_head,
     encode_prompts,
-    image_token_count,
     text_config,
     text_tokenizer,
 )
@@ -204,12 +206,14 @@ class FeatureCache:
         return torch.stack(rows) if rows else torch.zeros(0, text_config(self.model).hidden_size)
 
 
-_CacheKey = str | tuple[str, str] | tuple[tuple[int, ...], str]
+_CacheKey = str | tuple[str, str] | tuple[bytes, str]
 
 
 def _cache_key(prompt: ModelPrompt) -> _CacheKey:
     if isinstance(prompt, TokenPrompt):
-        return (prompt.ids, prompt.image.image_sha256 if prompt.image is not None else "")
+        # A digest of the ids, not the ids: 16 bytes a key instead of a tuple of a few hundred ints.
+        digest = hashlib.blake2b(np.asarray(prompt.ids, dtype=np.int64).tobytes(), digest_size=16).digest()
+        return (digest, prompt.image.image_sha256 if prompt.image is not None else "")
     return (prompt.text, prompt.image_sha256) if isinstance(prompt, ImagePrompt) else prompt
 
 
@@ -301,8 +305,9 @@ class Trainer:
         # have produced (another template, tokenizer or prompt version: docs/design.md §6.2).
         self.prompt_ids_checked = 0
         self.prompt_ids_mismatched = 0
-        # (version, updates) when the weights were last those of a served version: only then does |log π − log μ|
-        # on that version's steps measure the inference/training mismatch alone (no update in between).
+        # Policy steps taken, and (version, policy steps) when the weights were those of the served version: |log π −
+        # log μ| on that version's steps is the inference/training mismatch, plus the drift of the steps since.
+        self._policy_steps = 0
         self._weights_of: tuple[int, int] | None = None
 
     # -- buffer --------------------------------------------------------------------------------------------------
@@ -377,6 +382,7 @@ class Trainer:
         sample = self.buffer.sample(cfg.batch_episodes, beta=beta)
         batch = collate(sample.episodes)
         logp, entropy = self.policy_terms(sample.episodes, batch.mask)  # [B, T], with gradient
+        mismatch = self._mismatch_stats(version, logp, batch)  # before this update's step
         value_logits, values, bootstrap = self.critic_values(sample.episodes, batch.mask)
         rhos = aride.importance_ratios(logp, batch.behaviour_logp, batch.mask)
         v_ret = aride.retrace_targets(
@@ -419,21 +425,25 @@ class Trainer:
             "is_weight_mean": float(sample.is_weights.mean()),
             "sampled_priority_mean": float(priorities.mean()),
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
-            **self._mismatch_stats(version, logp, batch),
+            **mismatch,
             **grads,
         }
 
     def mark_version(self, version: int) -> None:
-        """The policy's weights are now exactly those of the served ``version`` (just published; or a fresh adapter,
-        the base model's version 0), until the next update."""
-        self._weights_of = (version, self.updates)
+        """The policy's weights are now exactly those of the served ``version`` (just published or announced; or a
+        fresh adapter, the base model's version 0)."""
+        self._weights_of = (version, self._policy_steps)
 
     def _mismatch_stats(self, version: int, logp: Tensor, batch: EpisodeBatch) -> dict[str, float]:
-        """|log π − log μ| over the batch's steps acted by the weights log π was computed with (empty while the
-        weights are ahead of every served version)."""
-        if self._weights_of != (version, self.updates):
+        """|log π − log μ| over the batch's steps acted by the learner's current version, and how many policy steps
+        the weights have taken since that version (0: the mismatch alone, no staleness in it); empty when the batch
+        has no such step or the weights of the version are not known (after a restart, until the next version)."""
+        if self._weights_of is None or self._weights_of[0] != version:
             return {}
-        return aride.mismatch_stats(logp.detach(), batch.behaviour_logp, batch.policy_version == version, batch.mask)
+        stats = aride.mismatch_stats(logp, batch.behaviour_logp, batch.policy_version == version, batch.mask)
+        if stats:
+            stats["logp_mismatch_updates_ahead"] = float(self._policy_steps - self._weights_of[1])
+        return stats
 
     def critic_values(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The step critic on a batch: logits ``[B, T]`` (with gradient, for its loss), values σ(logits) (detached,
@@ -456,6 +466,7 @@ class Trainer:
         sample = self.buffer.sample_uniform(cfg.batch_episodes, among=kept)
         batch = collate(sample.episodes)
         logp, _entropy = self.policy_terms(sample.episodes, batch.mask)
+        mismatch = self._mismatch_stats(version, logp, batch)
         value_logits, values, bootstrap = self.critic_values(sample.episodes, batch.mask)
         step_adv = aride.digirl_step_advantages(
             batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma, cfg.digirl_lambda
@@ -479,7 +490,7 @@ class Trainer:
             **aride.rho_stats(rhos, batch.mask, cfg.rho_bar),
             "value_error": float(aride.masked_mean((values - v_ret).abs(), batch.mask)),
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
-            **self._mismatch_stats(version, logp, batch),
+            **mismatch,
             **grads,
         }
 
@@ -492,6 +503,7 @@ class Trainer:
         sample = self.buffer.sample_uniform(cfg.batch_episodes, among=among)
         batch = collate(sample.episodes)
         logp, entropy = self.policy_terms(sample.episodes, batch.mask)
+        mismatch = self._mismatch_stats(version, logp, batch)
         imitate = batch.success if filtered else torch.ones_like(batch.success)
         loss = aride.filtered_bc_loss(logp, batch.mask, imitate)
         grads = self._step(loss)
@@ -501,7 +513,7 @@ class Trainer:
             "logp_mean": float(aride.masked_mean(logp.detach(), batch.mask)),
             "imitated_fraction": float(len(among) / len(self.buffer)) if among is not None else 1.0,
             **_batch_stats(version, batch.policy_version, batch.mask, batch.success),
-            **self._mismatch_stats(version, logp, batch),
+            **mismatch,
             **grads,
         }
 
@@ -599,31 +611,44 @@ class Trainer:
             episode.instruction, step.observation, episode.previous_actions(t), step.candidates, screenshot=screenshot
         )
 
+    def _rendered_ids(self, episode: EpisodeRecord) -> list[tuple[int, list[int]]]:
+        """(step, this learner's ids of its prompt) for each step that carries the server's ids."""
+        steps = [t for t, step in enumerate(episode.steps) if step.prompt_token_ids is not None]
+        if not steps:
+            return []
+        rendered = encode_prompts(self.tokenizer, [self.rendered_prompt(episode, t) for t in steps]).input_ids
+        return list(zip(steps, rendered, strict=True))
+
+    def check_image_tokens(self, episode: EpisodeRecord) -> None:
+        """A vision policy's check at ingest: every step's server ids hold as many image tokens as its screenshot
+        fills (else its pixels could not be placed, at every update that samples it). Text policies pass.
+
+        Raises:
+            TrajectoryError: a step whose ids do not, or whose prompt cannot be rendered at all (named).
+        """
+        if not self.prompter.vision:
+            return
+        try:
+            for t, ids in self._rendered_ids(episode):
+                try:
+                    check_image_tokens(self.tokenizer, episode.steps[t].prompt_token_ids or (), ids)
+                except LearnerError as exc:
+                    raise TrajectoryError(f"episode {episode.episode_id!r} step {t}: {exc}") from None
+        except (ScreenshotError, OSError, ValueError) as exc:  # e.g. a PNG whose digest matches but will not decode
+            raise TrajectoryError(f"episode {episode.episode_id!r}: its prompts cannot be rendered: {exc}") from None
+
     def check_prompt_ids(self, episode: EpisodeRecord) -> int:
         """Compare each step's server ids with this learner's rendering of its prompt; count both in
         ``prompt_ids_checked`` / ``prompt_ids_mismatched`` and return the mismatches. The update trains on the
-        server's ids either way: a mismatch is what re-rendering would have got wrong.
-
-        Raises:
-            TrajectoryError: a vision step whose ids hold another number of image tokens than its screenshot fills
-                (its pixels could not be placed).
-        """
-        steps = [t for t, step in enumerate(episode.steps) if step.prompt_token_ids is not None]
-        if not steps:
+        server's ids either way: a mismatch is what re-rendering would have got wrong."""
+        try:
+            pairs = self._rendered_ids(episode)
+        except (ScreenshotError, OSError, ValueError) as exc:  # a screenshot lost since ingest: nothing to compare
+            log.warning("episode %s: prompt ids not checked: %s", episode.episode_id, exc)
             return 0
-        rendered = encode_prompts(self.tokenizer, [self.rendered_prompt(episode, t) for t in steps]).input_ids
         mismatched = 0
-        for t, ids in zip(steps, rendered, strict=True):
-            served = episode.steps[t].prompt_token_ids or ()
-            if self.prompter.vision and image_token_count(self.tokenizer, served) != image_token_count(
-                self.tokenizer, ids
-            ):
-                raise TrajectoryError(
-                    f"episode {episode.episode_id!r} step {t}: its prompt ids hold "
-                    f"{image_token_count(self.tokenizer, served)} image tokens, its screenshot fills "
-                    f"{image_token_count(self.tokenizer, ids)}"
-                )
-            if tuple(ids) != tuple(served):
+        for t, ids in pairs:
+            if tuple(ids) != episode.steps[t].prompt_token_ids:
                 mismatched += 1
         if mismatched and not self.prompt_ids_mismatched:
             log.warning(
@@ -631,9 +656,9 @@ class Trainer:
                 "template, tokenizer or prompt version?); training on the server's ids",
                 episode.episode_id,
                 mismatched,
-                len(steps),
+                len(pairs),
             )
-        self.prompt_ids_checked += len(steps)
+        self.prompt_ids_checked += len(pairs)
         self.prompt_ids_mismatched += mismatched
         return mismatched
 
@@ -685,6 +710,7 @@ class Trainer:
             return {"grad_norm_critic": float(critic_norm)}
         policy_norm = torch.nn.utils.clip_grad_norm_(self.policy_params, self.cfg.max_grad_norm)
         self.policy_opt.step()
+        self._policy_steps += 1
         return {"grad_norm_policy": float(policy_norm), "grad_norm_critic": float(critic_norm)}
 
     # -- priorities ----------------------------------------------------------------------------------------------

@@ -12,10 +12,10 @@ attaches late still gets exact windows from the history it read, and a collector
 Metric names read (as the roles publish them, see docs/monitor.md): collectors ``episodes_total``,
 ``episodes_success``, ``policy_version``, ``in_flight``, ``paused``, ``inference_latency_p50_s``/``_p95_s``,
 ``env_latency_p50_s``, ``uptime_s``; the learner ``version``, ``updates``, ``updates_per_s``, losses, ``entropy``,
-``rho_*``, ``policy_lag_mean``/``_p95``/``_max``, ``trajectories_ingested``, ``buffer_fill``; the inference
-watcher ``policy_version`` with ``labels.event = loaded`` (or ``refused``), one source per policy server, shown per
-server with its lag behind the learner's newest version. A final report (``labels.event = final``) marks a
-source stopped.
+``rho_*``, ``logp_mismatch_mean``, ``policy_lag_mean``/``_p95``/``_max``, ``trajectories_ingested``,
+``buffer_fill``; the inference watcher ``policy_version`` with ``labels.event = loaded`` (or ``refused``), one
+source per policy server, shown per server with its lag behind the learner's newest version. A final report
+(``labels.event = final``) marks a source stopped.
 """
 
 from __future__ import annotations
@@ -40,6 +40,8 @@ LEARNER_KEYS = (
     "rho_mean",
     "rho_max",
     "rho_clipped_frac",
+    # |log π − log μ| on steps of the weights' own version: the inference/training mismatch (bf16, kernels).
+    "logp_mismatch_mean",
     "value_error",
     "buffer_fill",
 )

@@ -170,7 +170,8 @@ def encode_prompts(encoder: Encoder, prompts: Sequence[ModelPrompt]) -> EncodedP
             )
             ids = encoded["input_ids"][0].tolist()
             if isinstance(prompt, TokenPrompt):
-                ids = _served_image_ids(encoder, prompt.ids, ids)
+                check_image_tokens(encoder, prompt.ids, ids)
+                ids = list(prompt.ids)
             input_ids.append(ids)
             # Everything else the processor made is the image's (pixels, and per family sizes or grids).
             for name, value in encoded.items():
@@ -190,18 +191,23 @@ def encode_prompts(encoder: Encoder, prompts: Sequence[ModelPrompt]) -> EncodedP
 def image_token_count(encoder: Encoder, ids: Sequence[int]) -> int:
     """How many of ``ids`` are the image token a vision processor fills with pixel features (0 for a tokenizer)."""
     token = getattr(encoder, "image_token_id", None)
+    if token is None and getattr(encoder, "image_token", None) is not None:
+        token = text_tokenizer(encoder).convert_tokens_to_ids(encoder.image_token)
     return 0 if token is None else sum(1 for i in ids if i == token)
 
 
-def _served_image_ids(encoder: Encoder, served: Sequence[int], rendered: Sequence[int]) -> list[int]:
-    """The server's ids of a vision step, once checked to hold as many image tokens as its screenshot's pixels fill
-    (the re-rendered ``rendered`` has exactly that many)."""
+def check_image_tokens(encoder: Encoder, served: Sequence[int], rendered: Sequence[int]) -> None:
+    """The server's ids of a vision step hold as many image tokens as its screenshot's pixels fill (``rendered``,
+    the processor's encoding of the step, has exactly that many).
+
+    Raises:
+        LearnerError: they do not (the pixels could not be placed).
+    """
     if image_token_count(encoder, served) != image_token_count(encoder, rendered):
         raise LearnerError(
             f"the prompt's ids hold {image_token_count(encoder, served)} image tokens, its screenshot fills "
             f"{image_token_count(encoder, rendered)}"
         )
-    return list(served)
 
 
 def decoder_states(

@@ -24,7 +24,6 @@ import torch
 log = logging.getLogger(__name__)
 
 Precision = Literal["bfloat16", "float32"]
-RequestedPrecision = Literal["auto", "bfloat16", "float32"]
 
 # CPU flags of native bf16 arithmetic: AVX-512 BF16 (dot products) and AMX (tile matrix multiply).
 BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})

@@ -25,6 +25,7 @@ from distrl_stream.analysis.export import (
 )
 from distrl_stream.analysis.replay import TrajectoryRecord
 from distrl_stream.errors import ConfigError
+from distrl_stream.events import Tensor
 from distrl_stream.testing.samples import png, with_screenshots
 from tests.analysis.helpers import make_record
 
@@ -108,3 +109,15 @@ def test_images_go_beside_the_export_one_sheet_per_episode_with_screenshots(tmp_
     # An unsafe id keeps a digest of itself: two ids that read alike never share a file.
     assert sheet_name("../escape").startswith(".._escape-") and sheet_name("../escape") != sheet_name("..!escape")
     assert Image.open(folder / f"{shown.event.episode_id}.png").format == "PNG"
+
+
+def test_step_rows_carry_the_prompt_token_ids_the_server_saw(tmp_path: Path) -> None:
+    record = _records(1)[0]
+    ids = [1, 9690, 198, 49151]
+    steps = [dataclasses.replace(record.event.steps[0], prompt_token_ids=Tensor.from_token_ids(ids))]
+    steps += [dataclasses.replace(s, prompt_token_ids=None) for s in record.event.steps[1:]]
+    newer = dataclasses.replace(record, event=dataclasses.replace(record.event, steps=steps))
+    export_trajectories([newer], tmp_path / "s.parquet", per="step")
+    rows = pq.read_table(tmp_path / "s.parquet").to_pylist()
+    assert rows[0]["prompt_token_ids"] == ids
+    assert all(r["prompt_token_ids"] is None for r in rows[1:])  # written before the field existed

@@ -158,6 +158,12 @@ def test_up_runs_exits_0_and_reports_trajectories_and_served_versions(up_run: Up
     start, end = up_run.summary["held_out_start"], up_run.summary["held_out_end"]
     assert start["version"] == 0 and end["version"] in up_run.summary["versions_served"], up_run.summary
     assert start["tasks"] == end["tasks"] == 40 and "held-out success: " in up_run.stdout
+    # Pacing: the share of their time the collectors held episodes back and the learner waited for data.
+    paused, idle = up_run.summary["collectors_paused_share"], up_run.summary["learner_idle_share"]
+    assert 0 <= paused <= 1 and 0 <= idle <= 1, up_run.summary
+    assert f"collectors paused {100 * paused:.0f}% of their time" in up_run.stdout
+    # Every step was trained on the server's prompt ids, which the learner's own rendering reproduces.
+    assert up_run.summary["prompt_ids_checked"] > 0 and up_run.summary["prompt_ids_mismatched"] == 0, up_run.summary
 
 
 def test_every_role_serves_prometheus_metrics_whose_numbers_move(up_run: UpRun) -> None:

@@ -55,6 +55,7 @@ async def test_collector_pauses_while_the_learner_is_behind_and_resumes_when_it_
                 producer.produce_event(topics.trajectories, sample_trajectory(rng, run=cfg.run, steps=2))
             producer.flush()
 
+            before_pause = time.monotonic()
             gate = asyncio.create_task(collector._fresh_enough())
             deadline = time.monotonic() + 30
             while not collector._paused:
@@ -78,7 +79,10 @@ async def test_collector_pauses_while_the_learner_is_behind_and_resumes_when_it_
             producer.produce_event(topics.weights, event)
             producer.flush()
             assert await asyncio.wait_for(gate, 30)
+            resumed_by = time.monotonic()
             assert not collector._paused
+            # The pause is counted (paused_s in its metrics), and no more than it lasted.
+            assert 0 < collector._paused_s <= resumed_by - before_pause
         finally:
             collector._published.close()
             collector._limiter.close()

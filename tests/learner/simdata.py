@@ -65,14 +65,22 @@ def sim_events(
     version: int = 0,
     screenshots: ScreenshotStore | None = None,
     base_model: str = "tiny",
+    prompter: Prompter | None = None,
 ) -> list[TrajectoryEvent]:
     """``n`` random-play episodes over the train tasks of :data:`TEMPLATES` (with ``screenshots``: with a PNG of
-    every screen)."""
+    every screen; prompts in ``prompter``'s format, the raw one by default)."""
     rng = random.Random(seed)
     tasks = sim_tasks("train", 40, TEMPLATES)
     return [
         sim_event(
-            tokenizer, rng.choice(tasks), rng, run=run, version=version, screenshots=screenshots, base_model=base_model
+            tokenizer,
+            rng.choice(tasks),
+            rng,
+            run=run,
+            version=version,
+            screenshots=screenshots,
+            base_model=base_model,
+            prompter=prompter,
         )
         for _ in range(n)
     ]

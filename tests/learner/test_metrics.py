@@ -18,8 +18,20 @@ def test_learner_splits_update_statistics_into_losses_rho_and_the_rest(served: l
         buffer=lambda: (5, 20, 0.002),
         consumer_lag=lambda: 7,
         ingest_queue=lambda: None,
+        prompt_ids=lambda: (12, 3),
     )
-    metrics.update({"loss_policy": 0.5, "loss_critic": 0.25, "rho_mean": 1.1, "entropy": 0.9, "bad": float("nan")})
+    metrics.update(
+        {
+            "loss_policy": 0.5,
+            "loss_critic": 0.25,
+            "rho_mean": 1.1,
+            "entropy": 0.9,
+            "bad": float("nan"),
+            "logp_mismatch_mean": 0.07,
+            "logp_mismatch_max": 0.4,
+            "logp_mismatch_steps": 5,
+        }
+    )
     metrics.policy_lag.observe(0)
     metrics.policy_lag.observe(4)
     samples = scrape(serve(metrics, served))
@@ -40,6 +52,12 @@ def test_learner_splits_update_statistics_into_losses_rho_and_the_rest(served: l
     assert value(samples, "distrl_learner_update_stat", stat="entropy") == 0.9
     assert value(samples, "distrl_learner_update_stat", stat="loss_policy") is None
     assert value(samples, "distrl_learner_update_stat", stat="bad") is None  # NaN is left out
+    assert value(samples, "distrl_learner_logp_mismatch_nats", stat="mean") == 0.07
+    assert value(samples, "distrl_learner_logp_mismatch_nats", stat="max") == 0.4
+    assert value(samples, "distrl_learner_update_stat", stat="logp_mismatch_mean") is None
+    assert value(samples, "distrl_learner_update_stat", stat="logp_mismatch_steps") == 5
+    assert value(samples, "distrl_learner_prompt_ids_total", status="checked") == 12
+    assert value(samples, "distrl_learner_prompt_ids_total", status="mismatched") == 3
     assert value(samples, "distrl_learner_policy_lag_versions_bucket", le="1.0") == 1
     counters.ingested += 1
     assert value(scrape(f"127.0.0.1:{metrics.port}"), "distrl_learner_trajectories_total", status="ingested") == 6

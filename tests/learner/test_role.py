@@ -28,6 +28,8 @@ from distrl_stream.learner.ingest import TrajectoryReader
 from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.role import Learner
 from distrl_stream.policy.model import build_model
+from distrl_stream.policy.prompt import Prompter
+from distrl_stream.policy.vision import load_processor
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
 
@@ -473,8 +475,11 @@ def test_a_vision_learner_updates_on_screenshots_and_dead_letters_a_missing_or_a
     assert learner.trainer.prompter.vision
     store = ScreenshotStore(tmp_path / "screenshots")
     tokenizer = AutoTokenizer.from_pretrained(base)
-    good = sim_events(tokenizer, 4, seed=21, screenshots=store, base_model="tiny-vl")
-    altered, missing = sim_events(tokenizer, 2, seed=22, screenshots=store, base_model="tiny-vl")
+    # Prompted as its collectors prompt it: the screenshot in a chat message (a scripted policy records no prompt ids
+    # for an image prompt, so the learner renders these; docs/design.md §6.2).
+    prompter = Prompter(load_processor(base), vision=True)
+    good = sim_events(tokenizer, 4, seed=21, screenshots=store, base_model="tiny-vl", prompter=prompter)
+    altered, missing = sim_events(tokenizer, 2, seed=22, screenshots=store, base_model="tiny-vl", prompter=prompter)
     # Each bad episode's first screenshot, claimed at a path of its own (the store shares identical screens).
     first = altered.steps[0]
     forged = tmp_path / "forged.png"

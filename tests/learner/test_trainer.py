@@ -21,6 +21,7 @@ from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.policy.precision import Precision
 from distrl_stream.policy.prompt import Prompter, build_prompt
 from tests.learner.simdata import sim_event, sim_events
 
@@ -34,10 +35,12 @@ def episodes(tiny_model_dir: Path) -> list[EpisodeRecord]:
     return [episode_from_event(e) for e in events]
 
 
-def trainer(tiny_model_dir: Path, episodes: list[EpisodeRecord], **settings: object) -> Trainer:
-    model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
+def trainer(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord], precision: Precision = "float32", **settings: object
+) -> Trainer:
+    model, tokenizer = load_policy(tiny_model_dir, ModelConfig(), precision=precision)
     cfg = LearnerConfig(**{"batch_episodes": 4, "min_buffer_episodes": 4, "policy_lr": 1e-2, **settings})
-    out = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
+    out = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg), precision=precision)
     for episode in episodes:
         out.buffer.add(episode)
     return out
@@ -285,26 +288,28 @@ def test_the_update_uses_the_servers_prompt_ids_not_the_learners_rendering(
         assert not torch.allclose(other.policy_terms(rendered, mask)[0], theirs)
 
 
-def test_the_mismatch_is_measured_only_while_the_weights_are_a_served_versions(
+def test_the_mismatch_is_measured_on_the_current_versions_steps_with_the_policy_steps_since(
     tiny_model_dir: Path, episodes: list[EpisodeRecord]
 ) -> None:
-    t = trainer(tiny_model_dir, episodes)
+    t = trainer(tiny_model_dir, episodes, critic_warmup_updates=2)
+    assert "logp_mismatch_mean" not in (t.update("aride", version=0) or {})  # the weights of no version known
     t.mark_version(0)  # a fresh adapter: the base model, served as version 0
-    first = t.update("aride", version=0)
-    second = t.update("aride", version=0)  # the weights have moved since version 0
-    assert first is not None and second is not None
+    first = t.update("aride", version=0)  # the critic's warm-up: the policy does not move
+    second = t.update("aride", version=0)  # computed before its own step
+    third = t.update("aride", version=0)  # one policy step since version 0
+    assert first is not None and second is not None and third is not None
     assert first["logp_mismatch_steps"] > 0 and 0 <= first["logp_mismatch_mean"] <= first["logp_mismatch_max"]
-    assert "logp_mismatch_mean" not in second
+    assert (first["logp_mismatch_updates_ahead"], second["logp_mismatch_updates_ahead"]) == (0, 0)
+    assert third["logp_mismatch_updates_ahead"] == 1
     t.mark_version(1)
-    third = t.update("aride", version=1)
-    assert third is not None and "logp_mismatch_mean" not in third  # no step of the batch was acted by version 1
+    fourth = t.update("aride", version=1)
+    assert fourth is not None and "logp_mismatch_mean" not in fourth  # no step of the batch was acted by version 1
 
 
 def test_bf16_autocast_keeps_log_pi_near_float32_and_master_weights_in_float32(
     tiny_model_dir: Path, episodes: list[EpisodeRecord]
 ) -> None:
-    full, half = trainer(tiny_model_dir, episodes[:4]), trainer(tiny_model_dir, episodes[:4])
-    half.precision = "bfloat16"
+    full, half = trainer(tiny_model_dir, episodes[:4]), trainer(tiny_model_dir, episodes[:4], "bfloat16")
     mask = collate(episodes[:4]).mask
     with torch.no_grad():
         gap = (full.policy_terms(episodes[:4], mask)[0] - half.policy_terms(episodes[:4], mask)[0]).abs()
@@ -312,3 +317,22 @@ def test_bf16_autocast_keeps_log_pi_near_float32_and_master_weights_in_float32(
     stats = half.update("aride", version=0)
     assert stats is not None and all(math.isfinite(v) for v in stats.values())
     assert {p.dtype for p in half.policy_params} == {torch.float32}
+
+
+def test_length_sorted_micro_batches_give_each_step_its_own_log_pi_in_episode_order(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    batch = episodes[:6]
+    t = trainer(tiny_model_dir, batch, micro_batch_steps=4)
+    with torch.no_grad():
+        logp = t.policy_terms(batch, collate(batch).mask)[0]
+        one_by_one = [float(t._step_terms([(e, s)])[0][0]) for e in batch for s in range(len(e))]
+    lengths = [len(e) for e in batch]
+    prompts = [len(e.steps[s].prompt_token_ids or ()) for e in batch for s in range(len(e))]
+    assert prompts != sorted(prompts)  # sorting by length reorders the steps
+    expected = torch.tensor([0.0]).new_zeros(logp.shape)
+    flat = iter(one_by_one)
+    for row, n in enumerate(lengths):
+        for step in range(n):
+            expected[row, step] = next(flat)
+    assert torch.allclose(logp, expected, atol=1e-5)
