@@ -80,7 +80,7 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
 # (bench/results/pretrained.json).
 PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
-    # Server and learner in the precision `auto` picks (bf16 on this CPU's AVX-512 BF16/AMX units): ρ clipping and
+    # Server and learner in the precision `auto` picks (bf16 on these CPUs' AVX-512 BF16 units): ρ clipping and
     # Retrace absorb the bf16 log-prob gap (docs/learner.md, "Precision").
     "inference": {"max_model_len": 2048},
     # Fewer envs leave CPU to the learner; each episode is trained on about once before the collectors pause.

@@ -1,8 +1,9 @@
 """The numeric precision a policy runs in: ``auto`` decided once per process, from the device and the CPU's units.
 
 bf16 is how the policy is served and trained wherever the hardware computes it natively: on CUDA, and on CPUs with
-AVX-512 BF16 or AMX (``avx512_bf16`` / ``amx_bf16`` in ``/proc/cpuinfo``), where a forward and backward of
-SmolLM2-135M runs 2.6× faster under bf16 autocast than in float32 (docs/design.md §8). Elsewhere bf16 is emulated
+AVX-512 BF16 or AMX (``avx512_bf16`` / ``amx_bf16`` in ``/proc/cpuinfo``): on these machines' AVX-512 BF16 a bare
+forward and backward of SmolLM2-135M runs 2.1× faster under bf16 autocast than in float32, an A-RIDE update 1.72×
+(docs/design.md §8, ``bench/results/precision.json``). Elsewhere bf16 is emulated
 and slower than float32, so ``auto`` takes float32 there. :func:`choose_precision` is the rule, free of the machine's
 state so that it is checked without a GPU; :func:`resolve_precision` applies it to this machine.
 
