@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import typer
 
 from distrl_stream.cli.common import ConfigOption, RunOption, build_config, field_option, run_command
-from distrl_stream.config import KafkaConfig
 
 
 def up(
@@ -91,7 +90,7 @@ def up(
     }
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
     from distrl_stream.cli.up_ui import run_up  # process management and Kafka: not for --help
-    from distrl_stream.orchestrate import UP_EVAL_TASKS, UpOptions, up_profile
+    from distrl_stream.orchestrate import UP_EVAL_TASKS, UpOptions, up_profile, uses_external_kafka
     from distrl_stream.policy.model_dir import load_prompter
 
     # A base whose tokenizer has a chat template is a pretrained model: its own profile (docs/cli.md). The local
@@ -108,7 +107,7 @@ def up(
         kind = "2-core profile for pretrained models" if pretrained else "2-core profile"
         typer.echo(f"up's {kind} (set any of these to override): {shown}")
 
-    external = cfg.kafka.bootstrap_servers != KafkaConfig.model_fields["bootstrap_servers"].default
+    external = uses_external_kafka(cfg)
     options = UpOptions(
         collectors=collectors,
         config_path=config.resolve() if config else None,

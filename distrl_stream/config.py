@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from distrl_stream import pacing
 from distrl_stream.errors import ConfigError
 
 
@@ -289,10 +290,12 @@ class LearnerConfig(Section):
     max_replay_ratio: float = Field(
         0.0,
         ge=0.0,
-        description="Asynchronous mode: at most this many sampled episodes (updates × batch_episodes) per episode "
-        "ingested since the learner started (the buffer's episodes at start count as ingested); the learner waits "
-        "for data beyond it. 0: no cap (update as fast as the CPU allows). A learner on a fast device otherwise "
-        "replays the same episodes many times over and drifts. Source: ours (Acme's samples_per_insert).",
+        description="Asynchronous mode: at most this many sampled episodes (updates × batch_episodes) per record "
+        "read from {run}.trajectories since the learner started, usable or not (the buffer's episodes at start count "
+        "as read: the count collector.samples_per_insert keeps, so the two cannot wait for each other; at least "
+        "samples_per_insert when both are set, distrl_stream.pacing); the learner waits for data beyond it. 0: no "
+        "cap (update as fast as the CPU allows). A learner on a fast device otherwise replays the same episodes many "
+        "times over and drifts. Source: ours (Acme's samples_per_insert).",
     )
     round_episodes: int = Field(
         0,
@@ -661,11 +664,13 @@ class CollectorConfig(Section):
     samples_per_insert: float | None = Field(
         None,
         gt=0.0,
-        description="Rate limit (async mode), as Reverb's samples-per-insert: start new episodes only while the "
-        "episodes on {run}.trajectories stay within learner_step × learner.batch_episodes / samples_per_insert of "
-        "the learner's newest version, plus learner.min_buffer_episodes and one version's worth "
-        "(collector.ratelimit). Collection then never runs ahead of what the learner can use, which on shared cores "
-        "leaves it the CPU. None: no limit. Source: ours (Reverb's SampleToInsertRatio).",
+        description="Rate limit (async mode), as Reverb's samples-per-insert: once the learner has made an update, "
+        "start new episodes only while the records on {run}.trajectories stay within learner_step × "
+        "learner.batch_episodes / samples_per_insert of the learner's newest version, plus "
+        "learner.min_buffer_episodes and one version's worth (distrl_stream.pacing). Collection then never runs ahead "
+        "of what the learner can use, which on shared cores leaves it the CPU. Refused with learner.algorithm = "
+        "filtered_bc (no success, no update: a pause could last for good). None: no limit. Source: ours (Reverb's "
+        "SampleToInsertRatio).",
     )
     version_refresh_s: float = Field(
         1.0, gt=0.0, description="How often a paused or waiting collector re-reads the served and published versions."
@@ -679,7 +684,9 @@ class CollectorConfig(Section):
     on_error: Literal["publish", "drop"] = Field(
         "publish",
         description="Episodes ended by an inference or environment error: publish the steps done so far (termination "
-        "inference_error / env_error; never an episode without steps) or drop them. Both are counted in metrics.",
+        "inference_error / env_error; async mode never publishes an episode without steps, sync mode does, so that "
+        "the learner's round counts every attempt) or drop them (async mode only: a round would wait for a dropped "
+        "attempt). Both are counted in metrics.",
     )
     error_backoff_s: float = Field(
         1.0, ge=0.0, description="Pause of an env slot after an errored episode; doubles while errors repeat."
@@ -746,6 +753,11 @@ class Config(BaseSettings):
                 f"artifacts.chunk_bytes ({self.artifacts.chunk_bytes}) plus {ARTIFACT_HEADER_BYTES} bytes of headers "
                 f"must fit in kafka.max_message_bytes ({self.kafka.max_message_bytes})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _pacing_cannot_stall(self) -> Config:
+        pacing.check(self.collector, self.learner)
         return self
 
     @model_validator(mode="after")
@@ -817,6 +829,8 @@ def _first_error(exc: ValidationError) -> ConfigError:
     err = exc.errors()[0]
     field = ".".join(str(part) for part in err["loc"]) or "config"
     message = err["msg"]
+    if err.get("type") == "value_error" and "error" in err.get("ctx", {}):
+        message = str(err["ctx"]["error"])  # a validator's own sentence, without pydantic's "Value error, "
     if err.get("type") == "extra_forbidden":
         message = "unknown field"
     elif (

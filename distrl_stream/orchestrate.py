@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from distrl_stream import pacing
 from distrl_stream.config import Config, sync_round_episodes
 from distrl_stream.errors import DistrlError, UpError
 from distrl_stream.events import MetricEvent, decode
@@ -116,20 +117,30 @@ VISION_MAX_MODEL_LEN = 1024
 
 def up_profile(cfg: Config, *, pretrained: bool = False, vision: bool = False) -> dict[str, dict[str, Any]]:
     """The entries of :data:`UP_PROFILE` (:data:`PRETRAINED_UP_PROFILE` for a ``pretrained`` base; for the local
-    ``vision`` model with :data:`VISION_MAX_MODEL_LEN`) whose fields ``cfg`` leaves at their library defaults."""
+    ``vision`` model with :data:`VISION_MAX_MODEL_LEN`) for the fields ``cfg`` leaves unset (no file, variable or
+    flag gave them, whatever the value), less a rate limit the run's pacing cannot take (distrl_stream.pacing)."""
     out: dict[str, dict[str, Any]] = {}
     profile = PRETRAINED_UP_PROFILE if pretrained else UP_PROFILE
     if vision and not pretrained:
         profile = {**profile, "inference": {**profile.get("inference", {}), "max_model_len": VISION_MAX_MODEL_LEN}}
     for section, values in profile.items():
-        current = getattr(cfg, section)
-        fields = type(current).model_fields
-        kept = {
-            k: v for k, v in values.items() if getattr(current, k) == fields[k].get_default(call_default_factory=True)
-        }
+        given = getattr(cfg, section).model_fields_set
+        kept = {k: v for k, v in values.items() if k not in given}
         if kept:
             out[section] = kept
+    if "samples_per_insert" in out.get("collector", {}):
+        collector = cfg.collector.model_copy(update=out["collector"])
+        try:
+            pacing.check(collector, cfg.learner.model_copy(update=out.get("learner", {})))
+        except ValueError:  # e.g. filtered BC: no update without a success, so nothing would lift a pause
+            del out["collector"]["samples_per_insert"]
     return out
+
+
+def uses_external_kafka(cfg: Config) -> bool:
+    """Whether the user named a cluster (a flag, the file or a variable; any address, the default one too): ``up``
+    then uses it instead of starting the embedded broker."""
+    return "bootstrap_servers" in cfg.kafka.model_fields_set
 
 
 # Reports progress of a slow start: (stage, state) with state "start" | "done".
@@ -509,7 +520,8 @@ class LocalStack:
             weights = read_weight_versions(cfg.kafka, cfg.run)
             stats = compute_stats(episodes, weights)
             summary.episodes, summary.successes = stats.episodes, stats.successes
-            summary.trajectories_per_min = stats.trajectories_per_min
+            # Over the run, not over the episodes' own span: a run that sat paused shows it.
+            summary.trajectories_per_min = 60.0 * stats.episodes / summary.ran_s if summary.ran_s > 0 else 0.0
             summary.versions_published = max((w.version for w in weights), default=0)
             readback = self._read_metrics()
             summary.versions_served, summary.learner_updates = readback.served, readback.updates

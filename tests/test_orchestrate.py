@@ -19,7 +19,14 @@ from rich.console import Console
 from distrl_stream.cli.up_ui import process_table
 from distrl_stream.config import load_config
 from distrl_stream.monitor.prometheus import RoleMetrics
-from distrl_stream.orchestrate import VISION_MAX_MODEL_LEN, LocalStack, UpMetrics, UpOptions, up_profile
+from distrl_stream.orchestrate import (
+    VISION_MAX_MODEL_LEN,
+    LocalStack,
+    UpMetrics,
+    UpOptions,
+    up_profile,
+    uses_external_kafka,
+)
 from distrl_stream.processes import ChildProcess, descendants
 from tests.monitor.scrape import scrape, serve, value
 
@@ -163,6 +170,32 @@ def test_up_profile_fills_only_the_fields_left_at_their_defaults(tmp_path: Path)
     assert up_profile(cfg, vision=True)["inference"]["max_model_len"] == VISION_MAX_MODEL_LEN
     chosen = load_config(None, data_dir=tmp_path, inference={"max_model_len": 700})
     assert "max_model_len" not in up_profile(chosen, vision=True).get("inference", {})
+
+
+def test_up_profile_keeps_a_field_set_to_its_library_default(tmp_path: Path) -> None:
+    # learner.gamma 0.5 is the library default, written on purpose: it must not become the profile's 0.9.
+    path = tmp_path / "run.toml"
+    path.write_text("[learner]\ngamma = 0.5\n[collector]\nenvs = 8\n")
+    profile = up_profile(load_config(path, data_dir=tmp_path))
+    assert "gamma" not in profile["learner"] and profile["learner"]["policy_lr"] == 1e-3
+    assert "envs" not in profile["collector"]
+
+
+def test_up_profile_leaves_out_a_rate_limit_filtered_bc_could_never_lift(tmp_path: Path) -> None:
+    profile = up_profile(load_config(None, data_dir=tmp_path, learner={"algorithm": "filtered_bc"}))
+    assert profile["collector"] == {"envs": 4}  # no samples_per_insert: no success, no update, no version
+    # And what it does set passes the pacing check.
+    load_config(
+        None,
+        data_dir=tmp_path,
+        collector=profile["collector"],
+        learner={**profile["learner"], "algorithm": "filtered_bc"},
+    )
+
+
+def test_a_cluster_given_at_the_default_address_is_the_users_not_the_embedded_one(tmp_path: Path) -> None:
+    assert uses_external_kafka(load_config(None, data_dir=tmp_path, kafka={"bootstrap_servers": "127.0.0.1:9092"}))
+    assert not uses_external_kafka(load_config(None, data_dir=tmp_path))
 
 
 def test_two_roles_in_one_process_keep_their_own_registries(served: list[RoleMetrics]) -> None:

@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from distrl_stream import pacing
 from distrl_stream.collector.episode import EpisodeOutcome, policy_env, run_episode
 from distrl_stream.collector.metrics import CollectorMetrics
 from distrl_stream.collector.published import PublishedVersions
@@ -208,7 +209,7 @@ class Collector:
             # Pinned: the version changes only between rounds, when the collector refreshes it itself.
             inference = inference.model_copy(update={"version_poll_s": math.inf})
         self._client = InferenceClient(inference, self.cfg.model.policy_id)
-        limited = settings.samples_per_insert is not None and settings.mode == "async"
+        limited = pacing.rate_limited(settings, self.cfg.learner)
         if settings.pause_above_policy_lag is not None or limited:
             self._published = PublishedVersions(self.cfg, f"collector-{self.collector_id}-weights")
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
@@ -540,7 +541,9 @@ class Collector:
         if outcome.termination not in _ERRORS:
             self._publish(outcome)
         else:
-            keep = self.settings.on_error == "publish" and bool(outcome.steps)
+            # A sync round ends when the learner has read every attempt of it (distrl_stream.pacing): even one that
+            # failed before its first step is published, as a record the learner counts and does not train on.
+            keep = self.settings.on_error == "publish" and (bool(outcome.steps) or self.settings.mode == "sync")
             log.warning(
                 "episode %s (task %s) ended by %s after %d steps (%s): %s",
                 episode_id,

@@ -2,17 +2,14 @@
 
 On shared cores every episode a collector runs takes CPU from the learner: collectors left alone produce far more
 episodes than the learner can use and starve it (the demo once collected 1,161 episodes for 10 learner updates). The
-limiter lets a collector start an episode only while the episodes inserted stay within what the learner has sampled:
+limiter lets a collector start an episode only while the records on ``{run}.trajectories`` stay within
+:func:`distrl_stream.pacing.insert_budget` of the learner's newest version (the rule, and why it cannot stall, live
+there):
 
-    inserts ≤ samples / samples_per_insert + slack
-
-- *inserts*: the episodes on ``{run}.trajectories``, every collector's: the sum of the partitions' high watermarks,
-  re-read every ``collector.version_refresh_s``, plus what this collector published since and has in flight;
-- *samples*: the episodes the learner drew, ``learner_step × learner.batch_episodes`` of its newest weight version
-  on ``{run}.weights`` (no new protocol: the event already carries ``learner_step``);
-- *slack*: ``learner.min_buffer_episodes`` (the learner samples nothing before it holds them) plus one version's
-  worth of inserts, ``updates_per_version × batch_episodes / samples_per_insert`` (the collector hears of the
-  learner's progress once per version).
+- *records on the topic*: every collector's, the sum of the partitions' high watermarks, re-read every
+  ``collector.version_refresh_s``, plus what this collector published since and has in flight;
+- *the learner's samples*: ``learner_step × learner.batch_episodes`` of its newest weight version on
+  ``{run}.weights`` (no new protocol: the event already carries ``learner_step``).
 
 The learner's consumed count (``trajectories_consumed``) would not do: the learner ingests whatever arrives within
 milliseconds; what it cannot keep up with is the updates.
@@ -20,8 +17,7 @@ milliseconds; what it cannot keep up with is the updates.
 
 from __future__ import annotations
 
-import math
-
+from distrl_stream import pacing
 from distrl_stream.config import Config
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.topics import TopicNames
@@ -39,10 +35,7 @@ class InsertLimiter:
         assert cfg.collector.samples_per_insert is not None
         self.samples_per_insert = cfg.collector.samples_per_insert
         self.batch_episodes = cfg.learner.batch_episodes
-        learner = cfg.learner
-        self.slack = learner.min_buffer_episodes + learner.updates_per_version * learner.batch_episodes / (
-            self.samples_per_insert
-        )
+        self._learner = cfg.learner
         self.topic = TopicNames(cfg.run).trajectories
         self.on_topic = 0  # episodes on the topic at the last refresh
         self._since = 0  # episodes this collector published since then
@@ -63,12 +56,18 @@ class InsertLimiter:
         self._since += 1
 
     def budget(self, learner_step: int) -> float:
-        """The most episodes the topic may hold when the learner's newest version was at ``learner_step``."""
-        return learner_step * self.batch_episodes / self.samples_per_insert + self.slack
+        """The most records the topic may hold when the learner's newest version was at ``learner_step``."""
+        return pacing.insert_budget(
+            learner_step,
+            batch_episodes=self.batch_episodes,
+            samples_per_insert=self.samples_per_insert,
+            min_buffer_episodes=self._learner.min_buffer_episodes,
+            updates_per_version=self._learner.updates_per_version,
+        )
 
     def allows(self, learner_step: int, in_flight: int) -> bool:
         """Whether one more episode fits, counting this collector's episodes in flight."""
-        return self.on_topic + self._since + in_flight + 1 <= math.floor(self.budget(learner_step))
+        return pacing.may_insert(self.on_topic + self._since, in_flight, self.budget(learner_step))
 
     def close(self) -> None:
         """Release the consumer."""

@@ -57,6 +57,7 @@ class EntryKind(StrEnum):
     """What a queued record turned out to be."""
 
     EPISODE = "episode"  # a usable episode (the trainer may still drop it as stale or incomplete)
+    ATTEMPT = "attempt"  # an episode that failed before its first step (a sync round's record of it): counted only
     DEAD = "dead"  # undecodable or not an episode: sent to the DLQ
 
 
@@ -68,8 +69,8 @@ class Entry:
         partition: its partition.
         offset: its offset.
         episode_id: the episode id (the record key for dead entries; "" when there was none).
-        kind: episode or dead.
-        episode: the converted episode (None for dead entries).
+        kind: episode, attempt or dead.
+        episode: the converted episode (None for attempts and dead entries).
         termination: the episode's termination (None for dead entries).
         rebuild: re-read to refill the replay shard from a checkpoint (already ingested before it).
         reason: why a dead entry is unusable (its dead letter's reason; "" for episodes).
@@ -95,6 +96,8 @@ def entry_from_message(
     try:
         event = default_serde().decode(msg.value(), TrajectoryEvent)
         assert isinstance(event, TrajectoryEvent)  # decode(expect=...) guarantees it
+        if not event.steps and event.termination in INCOMPLETE_TERMINATIONS:
+            return Entry(partition, offset, event.episode_id, EntryKind.ATTEMPT, termination=event.termination)
         episode = convert(event)
     except (EventDecodeError, TrajectoryError) as exc:
         if dead_letters is not None:

@@ -12,9 +12,10 @@ The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
 1. take whatever the reader has decoded (never waiting on it), drop what is stale (more than
    ``drop_above_policy_lag`` versions behind) or incomplete, put the rest in the replay buffer, and write every
    record to the ingest log;
-2. when the buffer holds ``min_buffer_episodes`` (async) — or, in round mode, when ``round_episodes`` trajectories
-   of the current version arrived — do an update (:class:`~distrl_stream.learner.trainer.Trainer`); after a restart,
-   only once the checkpoint's replay shard has been re-read whole (a checkpoint before would lose the rest of it);
+2. when the buffer holds ``min_buffer_episodes`` (async, and within ``max_replay_ratio``) — or, in round mode, when
+   ``round_episodes`` attempts of the current round arrived (usable or not, :mod:`distrl_stream.pacing`) — do an
+   update (:class:`~distrl_stream.learner.trainer.Trainer`); after a restart, only once the checkpoint's replay
+   shard has been re-read whole (a checkpoint before would lose the rest of it);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
    store and THEN publish a WeightVersionEvent on ``{run}.weights``;
 4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from distrl_stream import pacing
 from distrl_stream.artifacts import (
     adapter_dir,
     atomic_dir,
@@ -153,9 +155,10 @@ class Learner:
         self._generation = ""
         self._window = _Window()
         self._last_stats: dict[str, float] = {}
-        self._round_new = 0  # round mode: trajectories of the current version since the last publish
+        self._round_new = 0  # round mode: attempts of the current round read (_of_this_round)
         self._round_updates_left = 0
-        self._replay_base = (0, 0)  # (updates, ingested) the replay ratio counts from; set by run()
+        self._records_read = 0  # records of {run}.trajectories read, usable or not (the rate limit's count too)
+        self._replay_base = (0, 0)  # (updates, records read) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
         self.prometheus = LearnerMetrics(
@@ -342,7 +345,7 @@ class Learner:
         self._reader.start()
         self._window = _Window()
         self._running_since, self._idle_s = time.monotonic(), 0.0
-        self._replay_base = (trainer.updates, self.counters.ingested - len(self.buffer))
+        self._replay_base = (trainer.updates, self._records_read - len(self.buffer))
         clean = False
         try:
             while True:
@@ -432,15 +435,28 @@ class Learner:
                 self._rebuild(entry)
                 continue
             self._dirty = True
+            self._records_read += 1
+            if self._round_mode() and self._of_this_round(entry):
+                self._round_new += 1
+            if entry.kind is EntryKind.ATTEMPT:
+                self.counters.incomplete += 1
+                self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, "incomplete")
+                continue
             if entry.kind is EntryKind.DEAD or entry.episode is None:
                 self.counters.dead += 1
                 self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, "dead")
                 continue
             episode = entry.episode
-            if self._round_mode() and all(s.policy_version == self.version for s in episode.steps):
-                self._round_new += 1
             status = self._admit(episode, entry.termination in INCOMPLETE_TERMINATIONS, (entry.partition, entry.offset))
             self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, status)
+
+    def _of_this_round(self, entry: Entry) -> bool:
+        """Whether a record counts towards the round: an episode acted by the current version, or an attempt whose
+        version nothing tells (one that failed before its first step, an undecodable record). Counting those means a
+        lost attempt costs the round its data, never the collectors a ``sync_version_timeout_s`` wait."""
+        if entry.episode is None:
+            return True
+        return all(s.policy_version == self.version for s in entry.episode.steps)
 
     def _rebuild(self, entry: Entry) -> None:
         """Put a record of the checkpoint's shard back in the buffer at its priority."""
@@ -502,17 +518,22 @@ class Learner:
         if not self._shard_whole() or not self.trainer.ready():
             return False
         if not self._round_mode():
-            cap = self.settings.max_replay_ratio
-            return cap <= 0 or self.replay_ratio(next_update=True) <= cap
-        if self._round_updates_left == 0 and self._round_new >= self.settings.round_episodes:
+            base_updates, base_read = self._replay_base
+            return pacing.may_update(
+                self.trainer.updates - base_updates,
+                self._records_read - base_read,
+                batch_episodes=self.settings.batch_episodes,
+                max_replay_ratio=self.settings.max_replay_ratio,
+            )
+        if self._round_updates_left == 0 and pacing.round_complete(self._round_new, self.settings.round_episodes):
             self._round_updates_left = self.settings.updates_per_version
         return self._round_updates_left > 0
 
-    def replay_ratio(self, *, next_update: bool = False) -> float:
-        """Episodes sampled per episode ingested since :meth:`run` began (counting the buffer it began with)."""
-        base_updates, base_ingested = self._replay_base
-        updates = self.trainer.updates - base_updates + (1 if next_update else 0)
-        return updates * self.settings.batch_episodes / max(self.counters.ingested - base_ingested, 1)
+    def replay_ratio(self) -> float:
+        """Episodes sampled per record read since :meth:`run` began (counting the buffer it began with as read)."""
+        base_updates, base_read = self._replay_base
+        updates = self.trainer.updates - base_updates
+        return updates * self.settings.batch_episodes / max(self._records_read - base_read, 1)
 
     def _wait_for_data(self) -> None:
         """Wait a moment for trajectories, counted as idle time (``idle_s``: the learner starved of data)."""

@@ -63,7 +63,8 @@ def publish_version(
 
 
 class InstantLearner(BackgroundFollower):
-    """Publishes version v+1 as soon as ``round_episodes`` trajectories acted by version v are on the topic.
+    """Publishes version v+1 as soon as ``round_episodes`` trajectories acted by version v (or attempts without a
+    step, whose version nothing tells) are on the topic.
 
     Runs in a daemon thread; :attr:`published` lists ``(version, monotonic time)`` of each version it published.
 
@@ -102,7 +103,8 @@ class InstantLearner(BackgroundFollower):
                     continue
                 event = decode(msg.value(), TrajectoryEvent)
                 self.consumed += 1
-                if event.steps and event.steps[-1].policy_version == self.version:
+                # As the learner's round mode: an attempt that failed before its first step counts too.
+                if not event.steps or event.steps[-1].policy_version == self.version:
                     in_round += 1
                 if in_round >= self.round_episodes:
                     self.version += 1

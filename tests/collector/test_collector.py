@@ -19,7 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from distrl_stream.artifacts import sha256_dir
 from distrl_stream.collector import Collector
 from distrl_stream.config import Config, InferenceConfig, ModelConfig
-from distrl_stream.envs import SimEnv, task_pool
+from distrl_stream.envs import Observation, SimEnv, Task, task_pool
+from distrl_stream.errors import EnvError
 from distrl_stream.events import MetricEvent, Termination, TrajectoryEvent, decode, utc_now
 from distrl_stream.inference.client import InferenceClient, root_sha256
 from distrl_stream.inference.server import InferenceServer
@@ -151,6 +152,43 @@ async def test_sync_mode_runs_rounds_that_never_mix_versions(
     assert versions == list(range(rounds))  # one new version per round, each served before the round began
     for earlier, later in itertools.pairwise(batches):
         assert max(e.ended_at for e in earlier) <= min(e.started_at for e in later)  # the barrier
+
+
+class FailsFirstReset(SimEnv):
+    """A sim env whose first reset fails: its episode ends before its first step."""
+
+    failed = False
+
+    async def reset(self, task: Task) -> Observation:
+        if not FailsFirstReset.failed:
+            FailsFirstReset.failed = True
+            raise EnvError("the device did not answer")
+        return await super().reset(task)
+
+
+async def test_a_sync_round_with_an_attempt_that_failed_before_its_first_step_still_ends_in_a_version(
+    collector_config: Callable[..., Config],
+    noop_adapter: Path,
+    weight_watcher: Callable[[Config], WeightWatcher],
+) -> None:
+    # Were the failed attempt not published, the round would lack it and the collector would wait out the timeout.
+    envs = 2
+    cfg = collector_config(
+        collector={"envs": envs, "mode": "sync", "max_episodes": 2 * envs, "sync_version_timeout_s": 600}
+    )
+    ensure_run_topics(cfg)
+    weight_watcher(cfg)
+    learner = InstantLearner(cfg, noop_adapter, round_episodes=envs)
+    learner.start()
+    try:
+        report = await asyncio.wait_for(Collector(cfg, env_factory=FailsFirstReset).run(), 120)
+    finally:
+        learner.stop()
+    assert learner.failed is None and report.rounds == 2 and learner.version >= 1
+    events = trajectories(cfg)
+    assert len(events) == 2 * envs  # every attempt is on the topic
+    [failed] = [e for e in events if not e.steps]
+    assert failed.termination is Termination.ENV_ERROR
 
 
 async def test_pause_above_policy_lag_pauses_new_episodes_until_the_server_catches_up(

@@ -17,7 +17,15 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
 from distrl_stream.config import Config
-from distrl_stream.events import DeadLetter, Tensor, TrajectoryEvent, WeightVersionEvent, decode, encode
+from distrl_stream.events import (
+    DeadLetter,
+    Tensor,
+    Termination,
+    TrajectoryEvent,
+    WeightVersionEvent,
+    decode,
+    encode,
+)
 from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import read_topic
@@ -184,12 +192,22 @@ def test_round_mode_waits_for_a_round_of_the_current_version_then_publishes_once
     assert (learner.trainer.updates, learner.version) == (2, 1)
     produce(cfg, sim_events(tokenizer, 3, seed=4, version=1))
     running.wait_for("version 2", lambda: learner.version == 2)
-    running.finish()
     assert learner.trainer.updates == 4
-    assert [e.version for e in weight_events(cfg)] == [1, 2]
+
+    # Attempts whose version nothing tells count towards the round: one that failed before its first step (a sync
+    # collector publishes it) and an undecodable record. Without them the round would wait for good.
+    failed = dataclasses.replace(
+        sim_events(tokenizer, 1, seed=5, version=2)[0], steps=[], termination=Termination.ENV_ERROR
+    )
+    produce(cfg, [failed, b"not a trajectory", *sim_events(tokenizer, 1, seed=6, version=2)])
+    running.wait_for("version 3", lambda: learner.version == 3)
+    running.finish()
+    assert learner.trainer.updates == 6
+    assert (learner.counters.incomplete, learner.counters.dead) == (1, 1)
+    assert [e.version for e in weight_events(cfg)] == [1, 2, 3]
 
 
-def test_replay_ratio_caps_updates_per_ingested_episode(
+def test_replay_ratio_caps_updates_per_record_read(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
     cfg = learner_config(max_replay_ratio=2.0, batch_episodes=2, updates_per_version=100)
@@ -205,8 +223,13 @@ def test_replay_ratio_caps_updates_per_ingested_episode(
     produce(cfg, sim_events(tokenizer, 2, seed=2, version=0))
     running.wait_for("6 updates", lambda: learner.trainer.updates >= 6)
     time.sleep(1.0)
-    running.finish()
     assert learner.trainer.updates == 6
+    # A record the learner cannot use still counts, as it does in the collectors' rate limit: one more update.
+    produce(cfg, [b"not a trajectory"])
+    running.wait_for("7 updates", lambda: learner.trainer.updates >= 7)
+    time.sleep(1.0)
+    running.finish()
+    assert learner.trainer.updates == 7
 
 
 def test_a_fresh_adapter_is_drawn_from_the_learner_seed(
