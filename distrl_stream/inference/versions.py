@@ -44,6 +44,8 @@ import httpx
 from pydantic import SecretStr
 
 from distrl_stream.artifacts import base_fingerprint, fetch
+from distrl_stream.artifacts.transport import AdapterSource
+from distrl_stream.artifacts.weights import base_mismatch, check_version_event
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import (
@@ -201,6 +203,8 @@ class AdapterLoader:
         kafka: the cluster ``kafka://`` adapters are fetched from (None: such a version is refused as
             ``malformed``).
         fetch_timeout_s: bound on fetching one adapter (``artifacts.fetch_timeout_s``).
+        source: where adapters may be fetched from (the server's ``artifacts.store``); a URI outside it is refused
+            as ``malformed`` before anything is read. None allows every scheme.
         base_model: the server's base model id (named in a ``base_model`` refusal).
         base_fingerprint: the server's :func:`~distrl_stream.artifacts.model_fingerprint`; "" skips the check, as
             does an event without one (written before events carried it).
@@ -216,6 +220,7 @@ class AdapterLoader:
     api_key: SecretStr | None = None
     kafka: KafkaConfig | None = None
     fetch_timeout_s: float = 120.0
+    source: AdapterSource | None = None
     base_model: str = ""
     base_fingerprint: str = ""
     retired_grace_s: float = 120.0
@@ -248,7 +253,7 @@ class AdapterLoader:
             return None
         started = time.monotonic()
         name = served_name(self.policy_id, event.version)
-        self._check_base(event, name)
+        self._check_base(event)
         staged = self._stage_verified(event, name)
         try:
             self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(staged)})
@@ -297,13 +302,10 @@ class AdapterLoader:
         self.retiring.clear()
         self.held.clear()
 
-    def _check_base(self, event: WeightVersionEvent, name: str) -> None:
-        if self.base_fingerprint and event.base_fingerprint and event.base_fingerprint != self.base_fingerprint:
-            raise AdapterVerificationError(
-                f"{name}: adapter for base model {event.base_model!r} (fingerprint {event.base_fingerprint[:16]}…) "
-                f"but this server serves {self.base_model!r} (fingerprint {self.base_fingerprint[:16]}…)",
-                "base_model",
-            )
+    def _check_base(self, event: WeightVersionEvent) -> None:
+        mismatch = base_mismatch(event, self.base_fingerprint, f"this server serves {self.base_model!r}")
+        if mismatch is not None:
+            raise AdapterVerificationError(mismatch, "base_model")
 
     def _stage_verified(self, event: WeightVersionEvent, name: str) -> Path:
         if not _SHA256.match(event.sha256):
@@ -323,6 +325,7 @@ class AdapterLoader:
                 size_bytes=event.size_bytes,
                 kafka=self.kafka,
                 timeout_s=self.fetch_timeout_s,
+                source=self.source,
             )
         except ArtifactIntegrityError as exc:
             raise AdapterVerificationError(f"{name}: {exc}", exc.reason) from None
@@ -395,6 +398,7 @@ class WeightWatcher(BackgroundFollower):
             api_key=cfg.inference.api_key,
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
+            source=AdapterSource.of(cfg),
             base_model=cfg.model.base_model_id,
             retired_grace_s=cfg.inference.retired_adapter_grace_s,
         )
@@ -461,6 +465,7 @@ class WeightWatcher(BackgroundFollower):
             WeightVersionEvent,
             client_id=f"inference-watcher-{self.source_id}",
             dead_letters=dead_letters,
+            check=check_version_event,
         )
         try:
             follower.start()
@@ -534,6 +539,13 @@ class WeightWatcher(BackgroundFollower):
                 delay,
                 exc,
             )
+            return
+        except Exception as exc:
+            # A record nothing above foresaw costs its version, never the watcher: `serve` exits without it.
+            log.exception("%s v%d: unexpected failure", event.policy_id, event.version)
+            self.pending.done()
+            self.loader.abandon(event)
+            self._refuse(event, "malformed", f"{type(exc).__name__}: {exc}", producer)
             return
         self.pending.done()
         if report is not None:
