@@ -323,6 +323,10 @@ def fetch(
             (``hash``), or records or files are missing (``missing``).
         ArtifactError: the URI is malformed or outside ``source``, or it is ``kafka://`` and ``kafka`` is None.
     """
+    try:
+        urlparse(uri)
+    except ValueError as exc:  # an unbalanced IPv6 bracket, say
+        raise ArtifactError(f"malformed adapter URI {uri[:200]!r}: {exc}") from None
     if source is not None:
         source.check(uri)
     with atomic_dir(dest) as tmp:

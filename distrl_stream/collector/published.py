@@ -77,7 +77,7 @@ class PublishedVersions(BackgroundFollower):
         """Records of the topic that did not decode or were impossible (dead-lettered by this reader or another)."""
         return self._follower.undecodable
 
-    def start(self, timeout_s: float = 30.0) -> None:  # type: ignore[override]
+    def start(self, timeout_s: float = 30.0) -> None:
         """Assign every partition of the topic from its beginning (blocking metadata call: run it off the loop),
         then follow it in the background.
 
@@ -93,8 +93,11 @@ class PublishedVersions(BackgroundFollower):
         Raises:
             KafkaClientError: the reader thread ended on an error (an unreachable or refusing cluster, say).
         """
-        if self.failed is not None:
-            raise KafkaClientError(f"reading {self.topic} stopped: {self.failed}")
+        failed = self.failed
+        if isinstance(failed, KafkaClientError):
+            raise failed
+        if failed is not None:
+            raise KafkaClientError(f"reading {self.topic} stopped: {type(failed).__name__}: {failed}") from failed
         return self.latest
 
     def close(self) -> None:

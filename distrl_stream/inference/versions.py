@@ -32,7 +32,6 @@ in between.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import socket
 import threading
@@ -56,6 +55,7 @@ from distrl_stream.errors import (
     InferenceRequestError,
     InferenceUnavailableError,
     KafkaClientError,
+    WeightEventError,
 )
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.inference.client import auth_headers, served_name
@@ -67,8 +67,6 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 # Retrying a version that failed for a reason that can pass: 2 s, 4 s, … doubling up to 60 s between tries, 20 tries
 # in all (about 15 minutes of waiting). That outlasts a broker restart or leader election, a learner whose file://
@@ -243,8 +241,9 @@ class AdapterLoader:
             What was loaded, or None when the event is for another policy or not newer than the newest served.
 
         Raises:
-            AdapterVerificationError: the adapter is for another base model, missing, its URI unusable, or its bytes
-                do not match the event (not served); ``reason`` says which.
+            AdapterVerificationError: the event names no usable version or its URI is unusable (``malformed``), the
+                adapter is for another base model, missing, or its bytes do not match the event (not served);
+                ``reason`` says which.
             InferenceUnavailableError: the server did not answer the load or failed it (5xx, 408, 429); the
                 verified copy is kept for a retry (or :meth:`abandon`).
             InferenceRequestError: the server rejected the load (4xx).
@@ -253,6 +252,10 @@ class AdapterLoader:
             return None
         started = time.monotonic()
         name = served_name(self.policy_id, event.version)
+        try:
+            check_version_event(event)  # the watcher's reader dead-letters these first; direct callers meet them here
+        except WeightEventError as exc:
+            raise AdapterVerificationError(str(exc), "malformed") from None
         self._check_base(event)
         staged = self._stage_verified(event, name)
         try:
@@ -308,8 +311,6 @@ class AdapterLoader:
             raise AdapterVerificationError(mismatch, "base_model")
 
     def _stage_verified(self, event: WeightVersionEvent, name: str) -> Path:
-        if not _SHA256.match(event.sha256):
-            raise AdapterVerificationError(f"{name}: published sha256 {event.sha256!r} is not 64 hex digits", "hash")
         staged = self.staging_dir / staged_name(self.policy_id, event.version, event.sha256)
         if staged in self.held:  # verified by the try whose load failed: load it again, without fetching it again
             self.held.remove(staged)
