@@ -22,6 +22,15 @@ class SchemaStoreError(DistrlError):
     """The Avro schema store is inconsistent: a missing or unparsable .avsc, or a schema that changed under its id."""
 
 
+class ImpossibleEventError(DistrlError):
+    """A decodable event that no reader can use (a negative version, a hash that is not one, a URI that names
+    nothing). Its reader dead-letters it as ``impossible value: …`` and goes on (docs/design.md §3)."""
+
+
+class WeightEventError(ImpossibleEventError):
+    """A decodable ``WeightVersionEvent`` that names no usable adapter version (``artifacts/weights.py``)."""
+
+
 class EventEncodeError(DistrlError):
     """An event could not be encoded: a field has the wrong type or a required value is missing."""
 
@@ -181,7 +190,7 @@ class LearnerError(DistrlError):
     """The learner role cannot go on: bad warm-start adapter, unusable replay source, failed publish."""
 
 
-class TrajectoryError(LearnerError):
+class TrajectoryError(LearnerError, ImpossibleEventError):
     """A decodable trajectory event that is not a usable episode (no steps, no action tokens, a step marked done
     before the last, non-finite numbers). The learner dead-letters it and goes on."""
 

@@ -27,6 +27,7 @@ log cleaner runs; fetching one then fails as ``missing``.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -253,6 +254,46 @@ def publish_chunks(cfg: Config, producer: Producer, version: int, chunks: Iterat
     return KafkaLocation(topic, 0, min(offsets), max(offsets), name, len(items))
 
 
+@dataclass(frozen=True, slots=True)
+class AdapterSource:
+    """Where a reader may fetch adapters from: what its ``artifacts.store`` publishes to, nowhere else.
+
+    A weight event's URI is data from the topic, so a server checks it before it touches the place it names:
+    ``kafka`` allows only ``kafka://`` URIs on the run's own ``{run}.artifacts``; ``file`` only local paths
+    (``file://`` or a plain path); an object store only URLs under ``<store>/<run>/``, its publish prefix.
+
+    Attributes:
+        store: the reader's ``artifacts.store``.
+        run: the run, which names the artifacts topic and the object-store prefix.
+    """
+
+    store: str
+    run: str
+
+    @classmethod
+    def of(cls, cfg: Config) -> AdapterSource:
+        """The source ``cfg``'s learner publishes to."""
+        return cls(cfg.artifacts.store, cfg.run)
+
+    def check(self, uri: str) -> None:
+        """Refuse a URI outside this source.
+
+        Raises:
+            ArtifactError: ``uri`` is not one ``artifacts.store`` publishes.
+        """
+        scheme = urlparse(uri).scheme
+        if self.store == "kafka":
+            allowed = scheme == "kafka" and KafkaLocation.parse(uri).topic == TopicNames(self.run).artifacts
+            where = f"kafka://{TopicNames(self.run).artifacts}/…"
+        elif self.store == "file":
+            allowed, where = scheme in ("", "file"), "a local folder (file://)"
+        else:
+            where = f"{self.store.rstrip('/')}/{self.run}/"
+            allowed = uri.startswith(where)
+        if not allowed:
+            raise ArtifactError(f"adapter URI {uri[:200]!r} is outside artifacts.store {self.store!r} ({where})")
+
+
 def fetch(
     uri: str,
     dest: Path,
@@ -261,6 +302,7 @@ def fetch(
     size_bytes: int,
     kafka: KafkaConfig | None = None,
     timeout_s: float = 120.0,
+    source: AdapterSource | None = None,
 ) -> Path:
     """Rebuild the adapter folder ``uri`` names at ``dest`` (which must not exist) and verify it as a whole.
 
@@ -274,14 +316,21 @@ def fetch(
         size_bytes: the event's total size of its files.
         kafka: the cluster to read a ``kafka://`` URI from (the reader's own settings).
         timeout_s: bound on reading the chunks of a ``kafka://`` URI.
+        source: where fetching is allowed (the reader's ``artifacts.store``); None allows every scheme.
 
     Raises:
         ArtifactIntegrityError: a chunk is corrupted (``chunk``), the folder does not match ``sha256`` / ``size_bytes``
             (``hash``), or records or files are missing (``missing``).
-        ArtifactError: the URI is malformed, or it is ``kafka://`` and ``kafka`` is None.
+        ArtifactError: the URI is malformed or outside ``source``, or it is ``kafka://`` and ``kafka`` is None.
     """
+    try:
+        urlparse(uri)
+    except ValueError as exc:  # an unbalanced IPv6 bracket, say
+        raise ArtifactError(f"malformed adapter URI {uri[:200]!r}: {exc}") from None
+    if source is not None:
+        source.check(uri)
     with atomic_dir(dest) as tmp:
-        _fetch_into(uri, tmp, kafka, timeout_s)
+        _fetch_into(uri, tmp, kafka, timeout_s, sha256, size_bytes)
         digest, size = sha256_dir(tmp), dir_size(tmp)
         if digest != sha256 or size != size_bytes:
             raise ArtifactIntegrityError(
@@ -292,12 +341,15 @@ def fetch(
     return dest
 
 
-def _fetch_into(uri: str, tmp: Path, kafka: KafkaConfig | None, timeout_s: float) -> None:
+def _fetch_into(uri: str, tmp: Path, kafka: KafkaConfig | None, timeout_s: float, sha256: str, size_bytes: int) -> None:
     scheme = urlparse(uri).scheme
     if scheme in ("", "file"):
         source = local_path(uri)
         if not source.is_dir():
             raise ArtifactIntegrityError(f"adapter folder {source} does not exist", "missing")
+        # Checked before the copy, so a URI naming some other folder (a model, a home directory) is never copied
+        # whole; the private copy is hashed again after it, as what gets loaded.
+        _check_before_copy(uri, source, sha256, size_bytes)
         shutil.copytree(source, tmp, symlinks=True, dirs_exist_ok=True)
     elif scheme == "kafka":
         if kafka is None:
@@ -311,11 +363,24 @@ def _fetch_into(uri: str, tmp: Path, kafka: KafkaConfig | None, timeout_s: float
             if not fs.isdir(path):
                 raise ArtifactIntegrityError(f"adapter {uri} does not exist", "missing")
             root = path.rstrip("/")
+            listing = fs.find(root, detail=True)
+            sizes = [info.get("size") for info in listing.values()]
+            # Before downloading anything, where the store lists sizes (an http(s) listing page does not).
+            if None not in sizes and sum(sizes) != size_bytes:
+                raise ArtifactIntegrityError(
+                    f"adapter {uri} holds {sum(sizes)} bytes, not the {size_bytes} published", "hash"
+                )
+            fetched = 0
             # File by file: over http(s) a "folder" is only a listing page, which fs.get would try to save as a file.
-            for remote in fs.find(root, detail=False):
+            for remote in listing:
                 local = tmp / remote[len(root) :].lstrip("/")
                 local.parent.mkdir(parents=True, exist_ok=True)
                 fs.get_file(remote, str(local))
+                fetched += local.stat().st_size
+                if fetched > size_bytes:
+                    raise ArtifactIntegrityError(
+                        f"adapter {uri} holds more than the {size_bytes} bytes published", "hash"
+                    )
         except (OSError, ValueError) as exc:
             raise ArtifactIntegrityError(f"cannot download adapter {uri}: {exc}", "missing") from None
 
@@ -348,19 +413,60 @@ def fetch_chunks(kafka: KafkaConfig, where: KafkaLocation, folder: Path, timeout
                 position = msg.offset() + 1
                 if msg.offset() > where.last:
                     break
-                headers = {k: v.decode() for k, v in msg.headers() or [] if v is not None}
-                if headers.get(H_ARTIFACT) != where.artifact:
-                    continue  # a newer version's chunks reuse the keys, never the offsets; skip strays anyway
-                writer.add(
-                    Chunk(
-                        headers[H_PATH],
-                        int(headers[H_OFFSET]),
-                        int(headers[H_SIZE]),
-                        msg.value() or b"",
-                        headers[H_SHA],
-                    )
-                )
+                chunk = chunk_from_record(msg.headers(), msg.value(), where.artifact, msg.offset())
+                if chunk is not None:
+                    writer.add(chunk)
     writer.finish(where.chunks)
+
+
+def chunk_from_record(
+    headers: list[tuple[str, bytes | None]] | None, value: bytes | None, artifact: str, offset: int
+) -> Chunk | None:
+    """The chunk a record of ``{run}.artifacts`` carries, or None when it belongs to another artifact.
+
+    Raises:
+        ArtifactIntegrityError: the record is one of ``artifact``'s but its headers are missing or unreadable
+            (``chunk``).
+    """
+    fields: dict[str, str] = {}
+    unreadable = []
+    for key, raw in headers or []:
+        try:
+            fields[key] = (raw or b"").decode()
+        except UnicodeDecodeError:
+            unreadable.append(key)
+    if fields.get(H_ARTIFACT) != artifact:
+        return None  # a newer version's chunks reuse the keys, never the offsets; skip strays anyway
+    if unreadable:
+        raise ArtifactIntegrityError(
+            f"{artifact}: the record at offset {offset} has headers that are not UTF-8: {', '.join(unreadable)}",
+            "chunk",
+        )
+    try:
+        return Chunk(fields[H_PATH], int(fields[H_OFFSET]), int(fields[H_SIZE]), value or b"", fields[H_SHA])
+    except (KeyError, ValueError) as exc:
+        raise ArtifactIntegrityError(
+            f"{artifact}: the record at offset {offset} has no readable chunk headers ({type(exc).__name__}: {exc})",
+            "chunk",
+        ) from None
+
+
+def _check_before_copy(uri: str, source: Path, sha256: str, size_bytes: int) -> None:
+    total = 0
+    for root, _dirs, names in os.walk(source):
+        for name in names:
+            path = Path(root) / name
+            if path.is_symlink():
+                raise ArtifactIntegrityError(f"adapter {uri}: symlink {path} (not allowed)", "hash")
+            total += path.stat().st_size
+            if total > size_bytes:  # stop at once: the folder may be far larger than an adapter
+                raise ArtifactIntegrityError(f"adapter {uri} holds more than the {size_bytes} bytes published", "hash")
+    if total != size_bytes or sha256_dir(source) != sha256:
+        raise ArtifactIntegrityError(
+            f"adapter {uri} does not match its weight-version event ({total} bytes; published {sha256[:16]}…, "
+            f"{size_bytes} bytes)",
+            "hash",
+        )
 
 
 def _files(folder: Path) -> list[tuple[str, Path, int]]:

@@ -167,6 +167,7 @@ class VersionEvaluator:
     """
 
     def __init__(self, cfg: Config, server_url: str, staging_dir: Path) -> None:
+        from distrl_stream.artifacts.transport import AdapterSource
         from distrl_stream.inference.versions import AdapterLoader
 
         self.cfg = cfg
@@ -179,6 +180,7 @@ class VersionEvaluator:
             api_key=cfg.inference.api_key,
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
+            source=AdapterSource.of(cfg),
         )
 
     async def evaluate(

@@ -32,7 +32,6 @@ in between.
 from __future__ import annotations
 
 import logging
-import re
 import shutil
 import socket
 import threading
@@ -44,6 +43,8 @@ import httpx
 from pydantic import SecretStr
 
 from distrl_stream.artifacts import base_fingerprint, fetch
+from distrl_stream.artifacts.transport import AdapterSource
+from distrl_stream.artifacts.weights import base_mismatch, check_version_event
 from distrl_stream.background import BackgroundFollower
 from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import (
@@ -54,6 +55,7 @@ from distrl_stream.errors import (
     InferenceRequestError,
     InferenceUnavailableError,
     KafkaClientError,
+    WeightEventError,
 )
 from distrl_stream.events import MetricEvent, WeightVersionEvent, utc_now
 from distrl_stream.inference.client import auth_headers, served_name
@@ -65,8 +67,6 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.policy.model_dir import resolve_model_dir
 
 log = logging.getLogger(__name__)
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 # Retrying a version that failed for a reason that can pass: 2 s, 4 s, … doubling up to 60 s between tries, 20 tries
 # in all (about 15 minutes of waiting). That outlasts a broker restart or leader election, a learner whose file://
@@ -201,6 +201,8 @@ class AdapterLoader:
         kafka: the cluster ``kafka://`` adapters are fetched from (None: such a version is refused as
             ``malformed``).
         fetch_timeout_s: bound on fetching one adapter (``artifacts.fetch_timeout_s``).
+        source: where adapters may be fetched from (the server's ``artifacts.store``); a URI outside it is refused
+            as ``malformed`` before anything is read. None allows every scheme.
         base_model: the server's base model id (named in a ``base_model`` refusal).
         base_fingerprint: the server's :func:`~distrl_stream.artifacts.model_fingerprint`; "" skips the check, as
             does an event without one (written before events carried it).
@@ -216,6 +218,7 @@ class AdapterLoader:
     api_key: SecretStr | None = None
     kafka: KafkaConfig | None = None
     fetch_timeout_s: float = 120.0
+    source: AdapterSource | None = None
     base_model: str = ""
     base_fingerprint: str = ""
     retired_grace_s: float = 120.0
@@ -238,8 +241,9 @@ class AdapterLoader:
             What was loaded, or None when the event is for another policy or not newer than the newest served.
 
         Raises:
-            AdapterVerificationError: the adapter is for another base model, missing, its URI unusable, or its bytes
-                do not match the event (not served); ``reason`` says which.
+            AdapterVerificationError: the event names no usable version or its URI is unusable (``malformed``), the
+                adapter is for another base model, missing, or its bytes do not match the event (not served);
+                ``reason`` says which.
             InferenceUnavailableError: the server did not answer the load or failed it (5xx, 408, 429); the
                 verified copy is kept for a retry (or :meth:`abandon`).
             InferenceRequestError: the server rejected the load (4xx).
@@ -248,7 +252,11 @@ class AdapterLoader:
             return None
         started = time.monotonic()
         name = served_name(self.policy_id, event.version)
-        self._check_base(event, name)
+        try:
+            check_version_event(event)  # the watcher's reader dead-letters these first; direct callers meet them here
+        except WeightEventError as exc:
+            raise AdapterVerificationError(str(exc), "malformed") from None
+        self._check_base(event)
         staged = self._stage_verified(event, name)
         try:
             self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(staged)})
@@ -297,17 +305,12 @@ class AdapterLoader:
         self.retiring.clear()
         self.held.clear()
 
-    def _check_base(self, event: WeightVersionEvent, name: str) -> None:
-        if self.base_fingerprint and event.base_fingerprint and event.base_fingerprint != self.base_fingerprint:
-            raise AdapterVerificationError(
-                f"{name}: adapter for base model {event.base_model!r} (fingerprint {event.base_fingerprint[:16]}…) "
-                f"but this server serves {self.base_model!r} (fingerprint {self.base_fingerprint[:16]}…)",
-                "base_model",
-            )
+    def _check_base(self, event: WeightVersionEvent) -> None:
+        mismatch = base_mismatch(event, self.base_fingerprint, f"this server serves {self.base_model!r}")
+        if mismatch is not None:
+            raise AdapterVerificationError(mismatch, "base_model")
 
     def _stage_verified(self, event: WeightVersionEvent, name: str) -> Path:
-        if not _SHA256.match(event.sha256):
-            raise AdapterVerificationError(f"{name}: published sha256 {event.sha256!r} is not 64 hex digits", "hash")
         staged = self.staging_dir / staged_name(self.policy_id, event.version, event.sha256)
         if staged in self.held:  # verified by the try whose load failed: load it again, without fetching it again
             self.held.remove(staged)
@@ -323,6 +326,7 @@ class AdapterLoader:
                 size_bytes=event.size_bytes,
                 kafka=self.kafka,
                 timeout_s=self.fetch_timeout_s,
+                source=self.source,
             )
         except ArtifactIntegrityError as exc:
             raise AdapterVerificationError(f"{name}: {exc}", exc.reason) from None
@@ -395,6 +399,7 @@ class WeightWatcher(BackgroundFollower):
             api_key=cfg.inference.api_key,
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
+            source=AdapterSource.of(cfg),
             base_model=cfg.model.base_model_id,
             retired_grace_s=cfg.inference.retired_adapter_grace_s,
         )
@@ -461,6 +466,7 @@ class WeightWatcher(BackgroundFollower):
             WeightVersionEvent,
             client_id=f"inference-watcher-{self.source_id}",
             dead_letters=dead_letters,
+            check=check_version_event,
         )
         try:
             follower.start()
@@ -534,6 +540,13 @@ class WeightWatcher(BackgroundFollower):
                 delay,
                 exc,
             )
+            return
+        except Exception as exc:
+            # A record nothing above foresaw costs its version, never the watcher: `serve` exits without it.
+            log.exception("%s v%d: unexpected failure", event.policy_id, event.version)
+            self.pending.done()
+            self.loader.abandon(event)
+            self._refuse(event, "malformed", f"{type(exc).__name__}: {exc}", producer)
             return
         self.pending.done()
         if report is not None:

@@ -16,7 +16,7 @@ import confluent_kafka
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import EventDecodeError, KafkaClientError
+from distrl_stream.errors import EventDecodeError, ImpossibleEventError, KafkaClientError
 from distrl_stream.events import Event, Serde, default_serde, epoch_ms
 from distrl_stream.kafka.client import build_client, client_config, login_watch
 
@@ -310,8 +310,8 @@ class Received(Generic[E]):
 
 
 class EventConsumer(Generic[E]):
-    """Decodes the records a :class:`Consumer` polls; anything undecodable goes to the dead-letter queue and
-    consumption goes on. A bad record therefore never stops a long-running role.
+    """Decodes the records a :class:`Consumer` polls and checks each event; anything undecodable or impossible goes
+    to the dead-letter queue and consumption goes on. A bad record therefore never stops a long-running role.
 
     Commit safety: a dead-lettered record is marked processed at once, and :meth:`commit` flushes the dead-letter
     producer before committing, so a committed offset always means the record is in the DLQ (or was handled).
@@ -322,6 +322,8 @@ class EventConsumer(Generic[E]):
             (:attr:`undecodable`) and leaves dead-lettering to the role that owns the topic.
         expect: the event type this reader handles; other event types are dead-lettered as ``unexpected type``.
         serde: event serde (default: the process-wide one when decoding, which a role's start-up may have set).
+        check: the topic's validation of a decoded event; an event it rejects (:class:`ImpossibleEventError`) is
+            dead-lettered with its reason (``impossible value: …``) like an undecodable record.
     """
 
     def __init__(
@@ -331,12 +333,14 @@ class EventConsumer(Generic[E]):
         *,
         expect: type[E] | None = None,
         serde: Serde | None = None,
+        check: Callable[[E], None] | None = None,
     ) -> None:
         self.consumer = consumer
         self.dead_letters = dead_letters
         self.undecodable = 0
         self._expect = expect
         self._serde = serde
+        self._check = check
 
     def poll(self, timeout_s: float = 1.0) -> Received[E] | None:
         """The next decodable event, or None when none arrived within ``timeout_s``."""
@@ -346,8 +350,11 @@ class EventConsumer(Generic[E]):
             if msg is None:
                 return None
             try:
-                return Received((self._serde or default_serde()).decode(msg.value(), self._expect), msg)  # type: ignore[arg-type]
-            except EventDecodeError as exc:
+                event: E = (self._serde or default_serde()).decode(msg.value(), self._expect)  # type: ignore[arg-type]
+                if self._check is not None:
+                    self._check(event)
+                return Received(event, msg)
+            except (EventDecodeError, ImpossibleEventError) as exc:
                 # Then go on: past the deadline the next poll waits no more, but still returns a buffered record.
                 self.undecodable += 1
                 if self.dead_letters is not None:

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, KafkaException, Message
 
 from distrl_stream.config import KafkaConfig
-from distrl_stream.errors import DeliveryError, EventDecodeError, KafkaClientError, TrajectoryError
+from distrl_stream.errors import DeliveryError, EventDecodeError, ImpossibleEventError, KafkaClientError
 from distrl_stream.events import DeadLetter, event_key, from_epoch_ms, utc_now
 from distrl_stream.kafka.client import error_text
 from distrl_stream.kafka.consumer import read_topic
@@ -344,7 +344,7 @@ def reason(error: BaseException, value: bytes | None) -> str:
     A value whose first byte is printable text is ``not Avro`` (JSON, a log line, a string); another non-zero first
     byte is a ``wrong magic byte`` (framing of some other serializer, or a corrupted record).
     """
-    if isinstance(error, TrajectoryError):
+    if isinstance(error, ImpossibleEventError):
         return f"impossible value: {error}"
     if not isinstance(error, EventDecodeError):
         return f"{type(error).__name__}: {error}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Generic
 
@@ -31,6 +31,8 @@ class TopicFollower(Generic[E]):
         expect: the event type on it; other records count as undecodable.
         client_id: names the consumer in broker logs.
         dead_letters: where undecodable records go; None only counts them (:attr:`undecodable`).
+        check: the topic's validation of each decoded event (see :class:`EventConsumer`); what it rejects is handled
+            as an undecodable record.
     """
 
     def __init__(
@@ -41,16 +43,18 @@ class TopicFollower(Generic[E]):
         *,
         client_id: str,
         dead_letters: DeadLetterQueue | None = None,
+        check: Callable[[E], None] | None = None,
     ) -> None:
         self.topic = topic
         self.consumer = Consumer(kafka, client_id=client_id)
         self.partitions: list[int] = []
         self.end_offsets: dict[int, int] = {}
-        self._events: EventConsumer[E] = EventConsumer(self.consumer, dead_letters, expect=expect)
+        self._events: EventConsumer[E] = EventConsumer(self.consumer, dead_letters, expect=expect, check=check)
 
     @property
     def undecodable(self) -> int:
-        """Records skipped (or dead-lettered) because they did not decode as the expected event type."""
+        """Records skipped (or dead-lettered) because they did not decode as the expected event type, or its check
+        rejected them."""
         return self._events.undecodable
 
     def start(self, offsets: Mapping[int, int] | None = None, timeout_s: float = 30.0) -> None:

@@ -16,6 +16,9 @@ import pytest
 
 from distrl_stream.artifacts import dir_size, fetch, publish, sha256_dir
 from distrl_stream.artifacts.transport import (
+    H_ARTIFACT,
+    H_PATH,
+    AdapterSource,
     Chunk,
     ChunkWriter,
     KafkaLocation,
@@ -225,3 +228,75 @@ def test_artifacts_topic_keeps_only_the_newest_versions(
             assert sha256_dir(fetch_version(v)) == sha256_dir(sources[v - 1])
     finally:
         kafka_admin.delete_topics([spec.name])
+
+
+# --- where a server may fetch from, and what it reads before it copies -------------------------------------------
+
+
+def test_a_uri_outside_the_configured_store_is_refused_before_anything_is_read(tmp_path: Path) -> None:
+    source = _adapter(tmp_path / "a")
+    digest, size = sha256_dir(source), dir_size(source)
+    kafka_store, object_store = AdapterSource("kafka", "r1"), AdapterSource("memory://bucket/prefix", "r1")
+    for uri, allowed_by in (
+        (source.as_uri(), kafka_store),  # the learner publishes to Kafka: a local folder is nobody's adapter
+        ("kafka://r2.artifacts/0/0-3?artifact=policy/v000001&chunks=4", kafka_store),  # another run's topic
+        ("memory://bucket/other/r1/policy/v000001", object_store),  # outside <store>/<run>/
+        ("s3://bucket/prefix/r1/policy/v000001", object_store),
+        ("kafka://r1.artifacts/0/0-3?artifact=policy/v000001&chunks=4", AdapterSource("file", "r1")),
+    ):
+        with pytest.raises(ArtifactError, match=r"is outside artifacts\.store"):
+            fetch(uri, tmp_path / "dest", sha256=digest, size_bytes=size, source=allowed_by)
+        assert not (tmp_path / "dest").exists()
+    assert sha256_dir(fetch(source.as_uri(), tmp_path / "ok", sha256=digest, size_bytes=size)) == digest
+
+
+def test_a_local_folder_is_measured_and_hashed_before_it_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _adapter(tmp_path / "a")
+    digest, size = sha256_dir(source), dir_size(source)
+    copied: list[object] = []
+    monkeypatch.setattr(shutil, "copytree", lambda *args, **kwargs: copied.append(args))
+    for sha, size_bytes, why in ((digest, size - 1, "holds more than"), ("0" * 64, size, "does not match")):
+        with pytest.raises(ArtifactIntegrityError, match=why) as info:
+            fetch(source.as_uri(), tmp_path / "dest", sha256=sha, size_bytes=size_bytes)
+        assert info.value.reason == "hash"
+    assert copied == []  # a URI naming a model, a home folder or a wrong version costs no copy
+
+
+def test_an_object_store_folder_of_another_size_is_not_downloaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = load_config(None, run="r1", artifacts={"store": "memory://bucket/sizes/"}, data_dir=tmp_path)
+    source = _adapter(tmp_path / "a")
+    uri = publish(cfg, 1, source)
+    downloads: list[object] = []
+    monkeypatch.setattr("fsspec.implementations.memory.MemoryFileSystem.get_file", lambda *a, **k: downloads.append(a))
+    with pytest.raises(ArtifactIntegrityError, match="not the 10 published") as info:
+        fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=10)
+    assert info.value.reason == "hash" and downloads == []
+
+
+@pytest.mark.kafka
+def test_a_chunk_without_its_headers_or_with_headers_that_are_not_utf8_is_a_corrupted_chunk(
+    artifacts_config: Config, tmp_path: Path
+) -> None:
+    cfg = artifacts_config
+    source = _adapter(tmp_path / "a")
+    topic = TopicNames(cfg.run).artifacts
+    name = "policy/v000001"
+    with Producer(cfg.kafka) as producer:
+        for headers in ([(H_ARTIFACT, name.encode())], [(H_ARTIFACT, name.encode()), (H_PATH, b"\xff\xfe")]):
+            offsets: list[int] = []
+            producer.produce(
+                topic, b"data", "policy/s1/000000", headers=headers, partition=0, on_delivery=_offset_into(offsets)
+            )
+            producer.flush()
+            uri = KafkaLocation(topic, 0, offsets[0], offsets[0], name, 1).uri
+            with pytest.raises(ArtifactIntegrityError, match="offset") as info:
+                fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source), kafka=cfg.kafka)
+            assert info.value.reason == "chunk" and not (tmp_path / "b").exists()
+
+
+def _offset_into(offsets: list[int]) -> Callable[[object, object], None]:
+    return lambda err, msg: offsets.append(msg.offset())  # type: ignore[attr-defined]

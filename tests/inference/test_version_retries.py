@@ -6,6 +6,7 @@ decide what to load when)."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import threading
 import time
@@ -14,14 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from distrl_stream.artifacts import model_fingerprint, sha256_dir, version_event
+from distrl_stream.artifacts import model_fingerprint, publish, sha256_dir, version_event
+from distrl_stream.artifacts.transport import H_ARTIFACT, H_PATH, KafkaLocation
 from distrl_stream.config import Config, KafkaConfig, ModelConfig
 from distrl_stream.errors import (
     AdapterVerificationError,
     InferenceRequestError,
     InferenceUnavailableError,
 )
-from distrl_stream.events import MetricEvent, WeightVersionEvent, decode
+from distrl_stream.events import DeadLetter, MetricEvent, WeightVersionEvent, decode
 from distrl_stream.inference.versions import (
     RETRY_ATTEMPTS,
     AdapterLoader,
@@ -271,7 +273,8 @@ def test_only_the_newest_version_is_pending(adapter: Path) -> None:
 
 @pytest.fixture
 def watcher_cfg(make_config: Callable[..., Config]) -> Config:
-    cfg = make_config(inference={"metrics_port": 0})
+    # The learner's folders are read in place (file://), as by servers on its host or a shared filesystem.
+    cfg = make_config(inference={"metrics_port": 0}, artifacts={"store": "file"})
     ensure_run_topics(cfg)
     return cfg
 
@@ -279,11 +282,11 @@ def watcher_cfg(make_config: Callable[..., Config]) -> Config:
 @pytest.fixture
 def start_watcher(
     watcher_cfg: Config, lora_server: FakeLoraServer, base_model: Path
-) -> Iterator[Callable[[], WeightWatcher]]:
+) -> Iterator[Callable[..., WeightWatcher]]:
     started: list[WeightWatcher] = []
 
-    def start() -> WeightWatcher:
-        started.append(WeightWatcher(watcher_cfg, lora_server.url, model_dir=base_model, catch_up_timeout_s=30))
+    def start(cfg: Config = watcher_cfg) -> WeightWatcher:
+        started.append(WeightWatcher(cfg, lora_server.url, model_dir=base_model, catch_up_timeout_s=30))
         started[-1].start()
         return started[-1]
 
@@ -378,3 +381,70 @@ def test_a_server_that_fell_behind_loads_only_the_newest_version(
     assert lora_server.loads() == ["policy-v1", "policy-v4"] and watcher.skipped == 2
     assert watcher.loader.loaded == [1, 4]
     assert _metric_events(watcher_cfg) == [("loaded", "policy-v1"), ("loaded", "policy-v4")]
+
+
+# --- records a server must neither fetch nor die of ---------------------------------------------------------------
+
+
+def _kafka_store(cfg: Config) -> Config:
+    return cfg.model_copy(update={"artifacts": cfg.artifacts.model_copy(update={"store": "kafka"})})
+
+
+@pytest.mark.kafka
+def test_an_adapter_outside_artifacts_store_is_refused_without_being_fetched(
+    watcher_cfg: Config, start_watcher: Callable[..., WeightWatcher], lora_server: FakeLoraServer, adapter: Path
+) -> None:
+    cfg = _kafka_store(watcher_cfg)
+    _announce(cfg, _event(1, adapter))  # a file:// folder, while the learner publishes to Kafka
+    watcher = start_watcher(cfg)
+    _wait_for(lambda: watcher.refused != [], "version 1 to be refused")
+    watcher.stop()
+    assert watcher.failed is None and lora_server.loads() == []
+    [(version, why)] = watcher.refused
+    assert version == 1 and f"is outside artifacts.store 'kafka' (kafka://{TopicNames(cfg.run).artifacts}/…)" in why
+    assert watcher.refused_by_reason == {"malformed": 1}
+
+
+@pytest.mark.kafka
+def test_a_chunk_with_unreadable_headers_costs_its_version_never_the_watcher(
+    watcher_cfg: Config, start_watcher: Callable[..., WeightWatcher], lora_server: FakeLoraServer, adapter: Path
+) -> None:
+    cfg = _kafka_store(watcher_cfg)
+    topic = TopicNames(cfg.run).artifacts
+    offsets: list[int] = []
+    with Producer(cfg.kafka) as producer:
+        headers = [(H_ARTIFACT, b"policy/v000001"), (H_PATH, b"\xff\xfe")]  # not UTF-8
+        producer.produce(
+            topic,
+            b"x",
+            "policy/s1/000000",
+            headers=headers,
+            partition=0,
+            on_delivery=lambda e, m: offsets.append(m.offset()),
+        )
+        producer.flush()
+        good = publish(cfg, 2, adapter, producer)
+    bad = KafkaLocation(topic, 0, offsets[0], offsets[0], "policy/v000001", 1).uri
+    _announce(cfg, _event(1, adapter, bad))
+    watcher = start_watcher(cfg)
+    _wait_for(lambda: watcher.refused != [], "version 1 to be refused")
+    _announce(cfg, _event(2, adapter, good))
+    _wait_for(lambda: watcher.newest_version == 2, "version 2 to be loaded after the bad one")
+    watcher.stop()
+    assert watcher.failed is None and lora_server.loads() == ["policy-v2"]
+    assert watcher.refused_by_reason == {"chunk": 1} and "not UTF-8: distrl-path" in watcher.refused[0][1]
+
+
+@pytest.mark.kafka
+def test_an_impossible_version_event_is_dead_lettered_with_its_reason_and_skipped(
+    watcher_cfg: Config, start_watcher: Callable[..., WeightWatcher], lora_server: FakeLoraServer, adapter: Path
+) -> None:
+    _announce(watcher_cfg, dataclasses.replace(_event(1, adapter), sha256="not-a-digest"), _event(2, adapter))
+    watcher = start_watcher()
+    _wait_for(lambda: watcher.newest_version == 2, "version 2 to be loaded")
+    watcher.stop()
+    assert watcher.failed is None and watcher.refused == [] and lora_server.loads() == ["policy-v2"]
+    records = read_topic(watcher_cfg.kafka, TopicNames(watcher_cfg.run).dlq, timeout_s=30)
+    letters = [decode(m.value(), DeadLetter) for m in records]
+    why = "impossible value: weight version policy v1: sha256 'not-a-digest' is not 64 hex digits"
+    assert [(letter.offset, letter.error_message) for letter in letters] == [(0, why)]
