@@ -245,8 +245,10 @@ class LearnerConfig(Section):
     priority_refresh_interval: int = Field(
         20,
         ge=1,
-        description="Every K updates refresh all priorities (sampled ones are refreshed after every update). "
-        "Source: authors' code (a full refresh once per 20-step iteration).",
+        description="K: every held episode's priority is re-scored once per K updates, 1/K of the buffer after each "
+        "update, round robin (the sampled ones are re-scored after every update too). Source: authors' code (a full "
+        "refresh once per 20-step iteration; spread out here, so that no update takes minutes on a pretrained "
+        "model).",
     )
     # Judged on an episode's oldest step when it arrives; the collector's pause_above_policy_lag limits the lag at the
     # source instead, so that no data is collected only to be dropped here.

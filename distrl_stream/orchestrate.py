@@ -93,9 +93,9 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
         # RSS of 2.8-3.4 GB, where 2-step micro-batches redo each forward and no checkpointing needs ~8.6 GB
         # (docs/learner.md, "Precision").
         "gradient_checkpointing": True,
-        # A full priority refresh re-scores the whole buffer (~100k tokens after a few minutes): on one core that is
-        # minutes, which at the authors' 20 updates held a 600 s run's learner past up's stop timeout; sampled
-        # episodes are re-scored after every update anyway.
+        # Re-scoring priorities is a forward pass per episode (a buffer of ~100k tokens after a few minutes is
+        # minutes of one core): 1/200 of the buffer per update, about one episode, instead of the authors' 1/20;
+        # sampled episodes are re-scored after every update anyway.
         "priority_refresh_interval": 200,
         "policy_lr": 3e-4,
         "gamma": 0.9,

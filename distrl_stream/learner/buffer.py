@@ -10,7 +10,8 @@
   the buffer; new episodes enter at the current max priority in the buffer.
 - Priority: p(τ) = w1·mean_t|δ_t| + w2·mean_t ρ_t + w3·mean_t H_t, H_t = −log π(a_t|s_t)
   (:func:`trajectory_priorities`); the learner refreshes the sampled episodes' priorities after each update
-  (:meth:`ReplayBuffer.update_priorities`) and all of them every K updates (:meth:`ReplayBuffer.refresh_all`).
+  (:meth:`ReplayBuffer.update_priorities`) and the next 1/K of the buffer, round robin, so all of them every K
+  updates (:meth:`ReplayBuffer.refresh_next`).
 - Checkpoints: :meth:`ReplayBuffer.state_dict` is plain JSON-serialisable data (no pickle) and
   :meth:`ReplayBuffer.from_state_dict` restores the exact layout, priorities and random state.
 
@@ -187,6 +188,7 @@ class ReplayBuffer:
         self._tree = SumTree(capacity)  # leaf = slot of an episode's first step, value p^α; 0 elsewhere
         self._owner = np.full(capacity, -1, dtype=np.int64)  # key of the episode occupying each slot
         self._start: dict[int, int] = {}  # key -> first slot, in insertion order (oldest first)
+        self._refreshed_up_to = -1  # refresh_next's round robin: the last key it re-scored (keys only ever grow)
         self._episodes: dict[int, EpisodeRecord] = {}
         self._priority: dict[int, float] = {}
         self._write = 0
@@ -354,25 +356,39 @@ class ReplayBuffer:
                 updated += 1
         return updated
 
-    def refresh_all(
-        self, score: Callable[[list[int], list[EpisodeRecord]], Sequence[float] | Tensor], batch_size: int = 32
+    def refresh_next(
+        self,
+        score: Callable[[list[int], list[EpisodeRecord]], Sequence[float] | Tensor],
+        count: int,
+        batch_size: int = 32,
     ) -> int:
-        """Recompute every held episode's priority, ``batch_size`` episodes per ``score`` call.
+        """Recompute the priorities of the next ``count`` held episodes after the last one re-scored, oldest first
+        and wrapping around (round robin), ``batch_size`` episodes per ``score`` call.
 
         Args:
             score: maps (keys, episodes) to their priorities, e.g. the learner's forward pass followed by
                 :func:`trajectory_priorities`.
+            count: episodes to re-score (all of them at most).
             batch_size: episodes per call.
 
         Returns:
             How many episodes were updated.
         """
         keys = self.keys()
+        after = [k for k in keys if k > self._refreshed_up_to]
+        chosen = (after + [k for k in keys if k <= self._refreshed_up_to])[: max(count, 0)]
         updated = 0
-        for start in range(0, len(keys), batch_size):
-            chunk = keys[start : start + batch_size]
+        for start in range(0, len(chosen), batch_size):
+            chunk = chosen[start : start + batch_size]
             updated += self.update_priorities(chunk, score(chunk, [self._episodes[k] for k in chunk]))
+            self._refreshed_up_to = chunk[-1]
         return updated
+
+    def refresh_all(
+        self, score: Callable[[list[int], list[EpisodeRecord]], Sequence[float] | Tensor], batch_size: int = 32
+    ) -> int:
+        """Recompute every held episode's priority (:meth:`refresh_next` over the whole buffer)."""
+        return self.refresh_next(score, len(self), batch_size)
 
     # -- sampling ------------------------------------------------------------------------------------------------
 
@@ -444,6 +460,7 @@ class ReplayBuffer:
             "write": self._write,
             "next_key": self._next_key,
             "episodes_evicted": self.episodes_evicted,
+            "refreshed_up_to": self._refreshed_up_to,
             "rng": self.rng.bit_generator.state,
             "episodes": [
                 {"key": k, "start": s, "priority": self._priority[k], "episode": self._episodes[k].to_dict()}
@@ -481,6 +498,7 @@ class ReplayBuffer:
             buf._write = int(state["write"])
             buf._next_key = int(state["next_key"])
             buf.episodes_evicted = int(state["episodes_evicted"])
+            buf._refreshed_up_to = int(state.get("refreshed_up_to", -1))  # absent from snapshots before it
         except (KeyError, TypeError, ValueError) as exc:
             raise ReplayBufferError(f"malformed replay buffer snapshot: {exc!r}") from None
         return buf

@@ -9,8 +9,8 @@ Read :meth:`Trainer.aride_update` against docs/design.md §5: it is docs/learner
   choice constraint as the server in choice mode, one micro-batch of steps per forward pass;
 - V(s_t) is the step critic on the frozen base model's prompt features, cached per prompt (:class:`FeatureCache`:
   the base never changes, so neither do the features);
-- the DPER priorities of the sampled episodes are refreshed after every update and all of them every
-  ``priority_refresh_interval`` updates.
+- the DPER priorities of the sampled episodes are refreshed after every update, and the next
+  1/``priority_refresh_interval`` of the buffer too (round robin: all of them every ``priority_refresh_interval``).
 
 The baselines run in the same class: ``digirl`` (trajectory-critic filter + binarised doubly-robust step advantage),
 ``filtered_bc`` (imitate successful episodes) and ``bc`` (imitate every episode: the offline warm start).
@@ -343,8 +343,11 @@ class Trainer:
             if stats is None:
                 return None
         self.updates += 1
-        if algorithm == "aride" and self.updates % self.cfg.priority_refresh_interval == 0:
-            stats["priorities_refreshed"] = float(self.refresh_priorities())
+        if algorithm == "aride":
+            # 1/K of the buffer after every update, round robin: every episode once per K updates, as the authors'
+            # full refresh every K does, without a pause of minutes (on a pretrained model) that outlasts a stop.
+            share = math.ceil(len(self.buffer) / self.cfg.priority_refresh_interval)
+            stats["priorities_refreshed"] = float(self.refresh_priorities(share))
         return stats
 
     def _local_update(self, algorithm: Algorithm, version: int) -> dict[str, float] | None:
@@ -727,8 +730,9 @@ class Trainer:
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
         return trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
 
-    def refresh_priorities(self) -> int:
-        """Recompute every held episode's priority; returns how many were updated.
+    def refresh_priorities(self, count: int | None = None) -> int:
+        """Recompute the priorities of the next ``count`` held episodes, round robin (None: all of them); returns how
+        many were updated.
 
         An episode whose tokens are impossible under its candidates, or (vision) whose screenshot can no longer be
         read back as recorded (ingest refuses both, but a buffer may hold one from before, and a store can lose a
@@ -739,12 +743,13 @@ class Trainer:
         def score(_keys: list[int], episodes: list[EpisodeRecord]) -> Tensor:
             return self.episode_priorities(episodes)
 
+        size = len(self.buffer) if count is None else count
         try:
-            return self.buffer.refresh_all(score, batch_size=32)
+            return self.buffer.refresh_next(score, size, batch_size=32)
         except (ActionConstraintError, ScreenshotError) as exc:
             log.warning("priority refresh met an unusable step (%s); removing the episodes that hold one", exc)
             self._reject_impossible()
-            return self.buffer.refresh_all(score, batch_size=32)
+            return self.buffer.refresh_next(score, size, batch_size=32)
 
     def _reject_impossible(self) -> None:
         """Remove every held episode whose tokens are impossible under its candidates or (vision) whose screenshots

@@ -211,6 +211,35 @@ def test_refresh_all_rescores_every_episode_and_changes_sampling() -> None:
     assert counts / 3000 == pytest.approx(max(priorities) / sum(priorities), abs=0.03)
 
 
+def test_refresh_next_rescores_the_buffer_round_robin_across_evictions() -> None:
+    buf = ReplayBuffer(capacity=30, seed=0)
+    keys = [buf.add(episode(2, f"e{i}")) for i in range(10)]
+    seen: list[list[int]] = []
+
+    def score(chunk: list[int], _episodes: list[EpisodeRecord]) -> list[float]:
+        seen.append(chunk)
+        return [2.0] * len(chunk)
+
+    assert buf.refresh_next(score, 4, batch_size=3) == 4
+    assert seen == [keys[0:3], keys[3:4]]
+    seen.clear()
+    buf.refresh_next(score, 4)
+    assert seen == [keys[4:8]]
+    # Eviction of the oldest while the cursor sits past them: the next ones are the rest, then the newest.
+    newer = [buf.add(episode(2, f"n{i}")) for i in range(6)]  # 32 steps in 30 slots: e0 is gone
+    seen.clear()
+    buf.refresh_next(score, 5)
+    assert seen == [[*keys[8:10], *newer[:3]]]
+    seen.clear()
+    buf.refresh_next(score, 6)  # wraps around to the oldest held
+    assert seen == [[*newer[3:], keys[1], keys[2], keys[3]]]
+    # The round robin survives a checkpoint.
+    restored = ReplayBuffer.from_state_dict(buf.state_dict())
+    seen.clear()
+    restored.refresh_next(score, 1)
+    assert seen == [[keys[4]]]
+
+
 def test_uniform_sampling_among_a_subset_for_the_baselines() -> None:
     buf = ReplayBuffer(capacity=50, seed=0)
     keys = [buf.add(episode(2, f"e{i}")) for i in range(6)]

@@ -65,6 +65,19 @@ def test_each_algorithm_updates_the_policy(tiny_model_dir: Path, episodes: list[
     assert t.updates == 1
 
 
+def test_each_aride_update_rescores_the_next_share_of_the_buffer(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+) -> None:
+    # 24 episodes, K = 5: 5 re-scored after each update, so all of them within 5 updates and no update holds all.
+    t = trainer(tiny_model_dir, episodes, priority_refresh_interval=5)
+    rescored: list[int] = []
+    score = t.buffer.update_priorities
+    t.buffer.update_priorities = lambda keys, p: rescored.extend(keys) or score(keys, p)  # type: ignore[method-assign]
+    refreshed = [t.update(version=0)["priorities_refreshed"] for _ in range(5)]  # type: ignore[index]
+    assert refreshed == [5.0] * 5
+    assert set(t.buffer.keys()) <= set(rescored)
+
+
 def test_filtered_bc_waits_for_a_success(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
     t = trainer(tiny_model_dir, [e for e in episodes if not e.success], algorithm="filtered_bc")
     assert t.update(version=0) is None
