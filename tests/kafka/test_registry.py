@@ -252,4 +252,4 @@ def test_registry_settings_are_config_fields_and_the_credentials_stay_masked() -
 def test_without_a_registry_url_the_static_ids_remain() -> None:
     serde = use_schemas(KafkaConfig())
     assert type(serde) is Serde and default_serde() is serde
-    assert serde.schema_id(TrajectoryEvent) == 8
+    assert serde.schema_id(TrajectoryEvent) == 9
