@@ -385,8 +385,12 @@ class InferenceClient:
 
     async def _refresh(self, server: Server) -> None:
         body = await self._request(server, "GET", "/v1/models")
+        listed = body.get("data", []) if isinstance(body, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(item, dict) for item in listed):
+            # A proxy's page or another API on the port: this server cannot be read now, another may be.
+            raise _ServerFailed(f"GET /v1/models answered {str(body)[:200]!r}, not a model list")
         adapters: dict[int, str | None] = {}
-        for item in body.get("data", []):
+        for item in listed:
             match = self._version_re.match(str(item.get("id", "")))
             if match:
                 version = int(match.group(1))
@@ -426,7 +430,7 @@ class InferenceClient:
         """One HTTP call to one server.
 
         Raises:
-            _ServerFailed: connection refused or reset, timeout, or 5xx.
+            _ServerFailed: connection refused or reset, timeout, 5xx, or a body that is not JSON.
             InferenceRequestError: any other error status.
         """
         try:
@@ -442,7 +446,10 @@ class InferenceClient:
             )
         if response.status_code >= 400:
             raise InferenceRequestError(_error_message(response), response.status_code)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise _ServerFailed(f"{method} {path} answered {response.text[:200]!r}, not JSON") from None
 
     def _unavailable(self, what: str, errors: dict[str, str]) -> str:
         attempts = self.cfg.retries + 1

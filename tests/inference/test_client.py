@@ -474,3 +474,25 @@ async def test_a_chat_answer_that_cannot_be_read_raises_and_errors_name_the_chat
     async with InferenceClient(_pool_cfg(failing)) as client:
         with pytest.raises(InferenceUnavailableError, match="POST /v1/chat/completions failed on every server"):
             await asyncio.wait_for(client.act(_image_prompt(), CHOICES), 30)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b"<html>502 Bad Gateway</html>", "not JSON"),
+        (b"[1, 2]", "not a model list"),
+        (b'{"data": ["policy-v0"]}', "not a model list"),
+    ],
+)
+async def test_a_version_listing_that_cannot_be_read_is_a_failed_server_not_a_crash(answer: bytes, reason: str) -> None:
+    """What a proxy or another API on the port answers: an InferenceError the collector rides out, never a
+    ValueError or AttributeError that ends its slot."""
+
+    class Garbled(JsonHandler):
+        def do_GET(self) -> None:
+            self.send_bytes(200, answer)
+
+    with BackgroundHttpServer(Garbled) as garbled:
+        async with InferenceClient(InferenceConfig(url=garbled.url, retries=0)) as client:
+            with pytest.raises(InferenceUnavailableError, match=f"GET /v1/models failed on every server .*{reason}"):
+                await asyncio.wait_for(client.refresh_versions(), 30)
