@@ -428,6 +428,15 @@ class ArtifactsConfig(Section):
         "version v - keep_versions, so compaction drops the older one (a server that joins late needs the newest).",
     )
     fetch_timeout_s: float = Field(120.0, gt=0, description="Bound on fetching one adapter version from the store.")
+    upload_retries: int = Field(
+        3,
+        ge=0,
+        description="Retries of an object-store upload the store refused (a throttle, an outage); a version still "
+        "refused is counted (versions_not_uploaded), never announced, and the learner trains on.",
+    )
+    upload_backoff_s: float = Field(
+        1.0, gt=0, description="Wait before the first upload retry; each further one waits twice as long."
+    )
 
 
 class InferenceConfig(Section):

@@ -27,6 +27,7 @@ log cleaner runs; fetching one then fails as ``missing``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
@@ -37,10 +38,12 @@ from urllib.parse import parse_qs, urlencode, urlparse
 
 from distrl_stream.artifacts.store import atomic_dir, dir_size, local_path, sha256_dir
 from distrl_stream.config import Config, KafkaConfig
-from distrl_stream.errors import ArtifactError, ArtifactIntegrityError
+from distrl_stream.errors import ArtifactError, ArtifactIntegrityError, ArtifactUploadError
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+
+log = logging.getLogger(__name__)
 
 H_ARTIFACT, H_PATH, H_OFFSET, H_SIZE, H_INDEX, H_CHUNKS, H_SHA = (
     "distrl-artifact",
@@ -197,7 +200,8 @@ def publish(cfg: Config, version: int, folder: Path, producer: Producer | None =
 
     Raises:
         KafkaClientError: a chunk was not acknowledged.
-        ArtifactError: the object store refused the upload.
+        ArtifactUploadError: the object store refused the upload ``artifacts.upload_retries`` more times, waiting
+            ``upload_backoff_s`` doubling between them.
     """
     store = cfg.artifacts.store
     if store == "file":
@@ -210,11 +214,19 @@ def publish(cfg: Config, version: int, folder: Path, producer: Producer | None =
 
     url = f"{store.rstrip('/')}/{cfg.run}/{cfg.model.policy_id}/v{version:06d}"
     fs, path = fsspec.core.url_to_fs(url)
-    try:
-        fs.put(f"{folder}/", path, recursive=True)
-    except (OSError, NotImplementedError, ValueError) as exc:
-        raise ArtifactError(f"artifacts.store: cannot upload {folder} to {url}: {exc}") from None
-    return url
+    attempts, delay = cfg.artifacts.upload_retries + 1, cfg.artifacts.upload_backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            fs.put(f"{folder}/", path, recursive=True)
+            return url
+        # Each backend raises its own errors (s3fs, gcsfs, botocore's credential errors are no OSError).
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if attempt < attempts:
+            log.warning("upload of %s to %s failed (%s); retrying in %.1fs", folder.name, url, error, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise ArtifactUploadError(f"artifacts.store: cannot upload {folder} to {url} ({attempts} attempts): {error}")
 
 
 def publish_chunks(cfg: Config, producer: Producer, version: int, chunks: Iterator[Chunk]) -> KafkaLocation:

@@ -53,7 +53,14 @@ from distrl_stream.artifacts import (
     version_event,
 )
 from distrl_stream.config import Algorithm, Config
-from distrl_stream.errors import CheckpointError, DeliveryError, KafkaClientError, LearnerError, ReplayBufferError
+from distrl_stream.errors import (
+    ArtifactUploadError,
+    CheckpointError,
+    DeliveryError,
+    KafkaClientError,
+    LearnerError,
+    ReplayBufferError,
+)
 from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.consumer import read_topic
@@ -574,7 +581,8 @@ class Learner:
         Raises:
             KafkaClientError: the chunks or the event were not acknowledged (the artifact stays; the next publish
                 takes the next number).
-            ArtifactError: the object store refused the upload.
+            ArtifactUploadError: the object store refused the upload, retries included (the artifact stays; the
+                next publish takes the next number).
         """
         assert self._producer is not None
         if not self.membership.writer:
@@ -605,13 +613,17 @@ class Learner:
         return event
 
     def _publish_through_outages(self) -> None:
-        """:meth:`publish`, and when the cluster does not acknowledge it, count and log the version and train on:
-        the next publish takes the next number, so a broker outage costs versions, not the learner."""
+        """:meth:`publish`, and when the cluster does not acknowledge it or the object store refuses its upload
+        (after ``artifacts.upload_retries``), count and log the version and train on: the next publish takes the
+        next number, so an outage of either costs versions, not the learner."""
         try:
             self.publish()
         except DeliveryError as exc:  # unacknowledged, not refused: a refused login or record stays fatal
             self.counters.unannounced += 1
             log.warning("learner %s: a version was not announced (training goes on): %s", self.member_id, exc)
+        except ArtifactUploadError as exc:  # a malformed adapter folder (any other ArtifactError) stays fatal
+            self.counters.not_uploaded += 1
+            log.warning("learner %s: a version was not uploaded (training goes on): %s", self.member_id, exc)
 
     def checkpoint(self) -> Path | None:
         """Write the group's atomic checkpoint (see :mod:`.checkpoint`) and commit each member's offsets.
@@ -814,6 +826,7 @@ class Learner:
             "trajectories_replayed": float(self.counters.replayed),
             "versions_published": float(self.counters.published),
             "versions_unannounced": float(self.counters.unannounced),
+            "versions_not_uploaded": float(self.counters.not_uploaded),
             "metric_events_lost": float(self.counters.metrics_lost),
             "dead_letters_lost": float(self.counters.dead_letters_lost),
             "policy_lag_mean": float(lags.mean()) if lags.size else 0.0,
