@@ -424,8 +424,10 @@ class ArtifactsConfig(Section):
     keep_versions: int = Field(
         3,
         ge=1,
-        description="Versions per policy that stay readable on {run}.artifacts: version v reuses the record keys of "
-        "version v - keep_versions, so compaction drops the older one (a server that joins late needs the newest).",
+        description="Versions per policy that stay readable: on {run}.artifacts version v reuses the record keys of "
+        "version v - keep_versions, so compaction drops the older one, and the learner's artifact folder (what a "
+        "file store serves) is pruned to the newest keep_versions at each publish (a server that joins late needs "
+        "the newest; a checkpoint holds its own adapter).",
     )
     fetch_timeout_s: float = Field(120.0, gt=0, description="Bound on fetching one adapter version from the store.")
     upload_retries: int = Field(
@@ -771,7 +773,8 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _artifacts_outlive_the_served_versions(self) -> Config:
-        # A server that joins late loads its newest inference.keep_versions from {run}.artifacts: all must be there.
+        # A server that joins late loads its newest inference.keep_versions from {run}.artifacts (or the learner's
+        # pruned folder): all must be there.
         if self.artifacts.keep_versions < self.inference.keep_versions:
             raise ValueError(
                 f"artifacts.keep_versions ({self.artifacts.keep_versions}) must be at least inference.keep_versions "

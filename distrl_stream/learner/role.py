@@ -17,7 +17,8 @@ The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
    update (:class:`~distrl_stream.learner.trainer.Trainer`); after a restart, only once the checkpoint's replay
    shard has been re-read whole (a checkpoint before would lose the rest of it);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
-   store and THEN publish a WeightVersionEvent on ``{run}.weights``;
+   store and THEN publish a WeightVersionEvent on ``{run}.weights``; the store keeps the newest
+   ``artifacts.keep_versions`` versions;
 4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
 5. every ``metrics_interval_s`` publish a MetricEvent (role ``learner``) on ``{run}.metrics``.
 
@@ -49,6 +50,7 @@ from distrl_stream.artifacts import (
     atomic_dir,
     base_fingerprint,
     newest_artifact_version,
+    prune_artifacts,
     publish,
     version_event,
 )
@@ -573,7 +575,8 @@ class Learner:
 
     def publish(self) -> WeightVersionEvent | None:
         """Write the current adapter as the next version (atomically), put it in ``artifacts.store``, and THEN
-        announce it (rank 0; the other members learn the number in the next :meth:`~.group.Group.exchange`).
+        announce it (rank 0; the other members learn the number in the next :meth:`~.group.Group.exchange`); then
+        remove the versions older than the newest ``artifacts.keep_versions`` from the artifact folder.
 
         Returns:
             The published event (None on members other than rank 0).
@@ -610,6 +613,10 @@ class Learner:
         self.counters.published += 1
         self._dirty = True
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
+        try:
+            prune_artifacts(self.cfg, version)
+        except OSError as exc:  # disk space, not correctness: the next publish tries again
+            log.warning("learner %s: could not prune old adapter versions: %s", self.member_id, exc)
         return event
 
     def _publish_through_outages(self) -> None:

@@ -566,3 +566,18 @@ def test_an_object_store_outage_costs_versions_not_the_learner(
     # The lost version's number is not reused: its adapter stays on the learner's disk.
     assert [e.version for e in weight_events(cfg)] == [2] and learner.version == 2
     assert learner.metrics()["versions_not_uploaded"] == 1
+
+
+def test_the_artifact_folder_keeps_the_newest_keep_versions_a_server_may_still_fetch(
+    make_config: Callable[..., Config], tiny_model_dir: Path, started: Callable[[Config], Learner], tmp_path: Path
+) -> None:
+    cfg = make_config(model={"base": tiny_model_dir}, artifacts={"store": "file", "keep_versions": 2})
+    learner = started(cfg)
+    events = [learner.publish() for _ in range(3)]
+    assert not adapter_dir(cfg, 1).exists()
+    for event in events[1:]:  # what a file:// server fetches is there, whole
+        assert event is not None
+        fetched = fetch(
+            event.adapter_uri, tmp_path / f"v{event.version}", sha256=event.sha256, size_bytes=event.size_bytes
+        )
+        assert sha256_dir(fetched) == event.sha256
