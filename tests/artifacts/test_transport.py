@@ -325,3 +325,30 @@ def test_an_upload_the_store_refuses_is_retried_with_a_backoff_then_refused_nami
     refusals[0] = 3
     with pytest.raises(ArtifactUploadError, match=r"v000002 \(3 attempts\): OSError: 503 SlowDown"):
         publish(cfg, 2, source)
+
+
+def test_storage_options_reach_the_object_stores_filesystem_on_upload_and_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"secret": "s3cret", "endpoint_url": "http://minio"}
+    store = {"store": "memory://bucket/options", "storage_options": options}
+    cfg = load_config(None, run="r3", artifacts=store, data_dir=tmp_path)
+    seen: list[dict[str, Any]] = []
+    put, get_file = MemoryFileSystem.put, MemoryFileSystem.get_file
+
+    def put_seen(self: MemoryFileSystem, *args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(self.storage_options))
+        return put(self, *args, **kwargs)
+
+    def get_seen(self: MemoryFileSystem, *args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(self.storage_options))
+        return get_file(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "put", put_seen)
+    monkeypatch.setattr(MemoryFileSystem, "get_file", get_seen)
+    source = _adapter(tmp_path / "a")
+    uri = publish(cfg, 1, source)
+    assert "s3cret" not in uri
+    storage_options = cfg.artifacts.storage_options_values()
+    fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source), storage_options=storage_options)
+    assert seen and all(s == options for s in seen)
