@@ -892,8 +892,9 @@ def main() -> None:
                     else {"templates": templates, "latency": "lognormal", "latency_mean_s": args.latency_mean}
                 ),
                 "learner": {**learner_profile, "dtype": args.precision},
-                # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store.
-                "artifacts": {"store": "file"},
+                # One host: the warm start is a local adapter folder, and versions stay in the same (file://) store,
+                # every one of them: each is evaluated after training, so none may be pruned.
+                "artifacts": {"store": "file", "keep_versions": 1_000_000},
             }
             # Evaluation's settings: the same run and envs without the sim's step latency (see the module docstring).
             cfg = load_config(None, **{**base, "env": {**base["env"], "latency": "none"}})

@@ -121,7 +121,7 @@ def main() -> None:
                 "inference": {"url": server_url, "request_timeout_s": 60.0},
                 "env": {"kind": "miniwob"},
                 "learner": dict(LEARNER),
-                "artifacts": {"store": "file"},
+                "artifacts": {"store": "file", "keep_versions": 1_000_000},  # each version is evaluated after training
             }
             cfg = load_config(None, **base)
             tasks = held_out_tasks(cfg, args.eval_tasks)

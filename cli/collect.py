@@ -10,7 +10,15 @@ from typing import Annotated
 
 import typer
 
-from distrl_stream.cli.common import BootstrapOption, ConfigOption, RunOption, build_config, field_option, run_command
+from distrl_stream.cli.common import (
+    BootstrapOption,
+    ConfigOption,
+    RunOption,
+    build_config,
+    fail,
+    field_option,
+    run_command,
+)
 
 
 def collect(
@@ -85,3 +93,5 @@ def collect(
 
     report = run_command(run_collector, cfg)
     typer.echo(json.dumps(asdict(report)) if as_json else report.summary())
+    if report.failure is not None:
+        fail(f"collector {report.collector_id} could not collect: {report.failure}")

@@ -9,11 +9,22 @@ defaults < TOML file (``--config``) < environment (``DISTRL_<SECTION>__<FIELD>``
 from __future__ import annotations
 
 import os
+import re
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -44,6 +55,57 @@ def is_secret_property(name: str) -> bool:
         # Its unsecured-JWT settings can carry credentials; librdkafka itself treats it as sensitive.
         or name == "sasl.oauthbearer.config"
     )
+
+
+MASK = "**********"
+_URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+_QUERY_PARAM = re.compile(r"([^&=?]+)=([^&]*)")
+# Names of query parameters and fsspec storage options that carry credentials (token, sig, X-Amz-Signature, api_key,
+# account_key, sas_token, connection_string, ...).
+_SECRET_WORDS = ("password", "passwd", "secret", "token", "key", "sig", "credential", "auth", "connection_string")
+
+
+def _secret_name(name: str) -> bool:
+    return any(word in name.lower() for word in _SECRET_WORDS)
+
+
+def mask_secrets(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``**********``: the password of a
+    ``user:password@`` (a lone ``token@`` whole) and the values of query parameters named like secrets.
+
+    What logs, errors, events, metric labels and ``config show`` carry of a URL from the configuration (inference
+    servers, the judge, the Schema Registry, the artifact store); the real URL goes only to the client that uses it.
+    """
+    return _URL.sub(lambda match: _mask_url(match.group(0)), text)
+
+
+def _mask_url(url: str) -> str:
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # not a URL after all (an unbalanced IPv6 bracket): show none of it
+        return f"{url.split('://', 1)[0]}://{MASK}"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, host = netloc.rsplit("@", 1)
+        user, colon, _password = userinfo.partition(":")
+        netloc = f"{user}:{MASK}@{host}" if colon else f"{MASK}@{host}"
+    query = _QUERY_PARAM.sub(lambda m: f"{m.group(1)}={MASK}" if _secret_name(m.group(1)) else m.group(0), parts.query)
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
+def url_credentials(url: str) -> tuple[str, tuple[str, str] | None]:
+    """``url`` without its ``user:password@``, and that user and password (decoded; None without them): for an HTTP
+    client to send as basic auth, so the URLs it logs and reports carry no secret."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    bare = parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]).geturl()
+    return bare, (unquote(parts.username or ""), unquote(parts.password or ""))
+
+
+def _masked_url(url: str | None) -> str | None:
+    """Serializer of a URL field: masked in JSON (``config show``), as a SecretStr is."""
+    return None if url is None else mask_secrets(url)
 
 
 class KafkaConfig(Section):
@@ -106,6 +168,8 @@ class KafkaConfig(Section):
         if value is not None and ":" not in value.get_secret_value():
             raise ValueError("must be user:password")
         return value
+
+    _show_registry_url = field_serializer("schema_registry_url", when_used="json")(_masked_url)
 
     @field_validator("client", mode="after")
     @classmethod
@@ -426,10 +490,59 @@ class ArtifactsConfig(Section):
     keep_versions: int = Field(
         3,
         ge=1,
-        description="Versions per policy that stay readable on {run}.artifacts: version v reuses the record keys of "
-        "version v - keep_versions, so compaction drops the older one (a server that joins late needs the newest).",
+        description="Versions per policy that stay readable: on {run}.artifacts version v reuses the record keys of "
+        "version v - keep_versions, so compaction drops the older one, and the learner's artifact folder (what a "
+        "file store serves) is pruned to the newest keep_versions at each publish (a server that joins late needs "
+        "the newest; a checkpoint holds its own adapter).",
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the fsspec filesystem of an fsspec store, for the learner's upload and the "
+        'servers\' download, e.g. {key = "...", secret = "...", endpoint_url = "..."} for s3 or {headers = '
+        '{Authorization = "..."}} for http(s). Env: DISTRL_ARTIFACTS__STORAGE_OPTIONS=\'{"k":"v"}\'. Credentials go '
+        "here, never in the store's URL (which every weight-version event carries); values named like secrets "
+        "(key, secret, token, password, ...) are kept masked: `config show` and logs print **********.",
     )
     fetch_timeout_s: float = Field(120.0, gt=0, description="Bound on fetching one adapter version from the store.")
+    upload_retries: int = Field(
+        3,
+        ge=0,
+        description="Retries of an object-store upload the store refused (a throttle, an outage); a version still "
+        "refused is counted (versions_not_uploaded), never announced, and the learner trains on.",
+    )
+    upload_backoff_s: float = Field(
+        1.0, gt=0, description="Wait before the first upload retry; each further one waits twice as long."
+    )
+
+    @field_validator("store", mode="after")
+    @classmethod
+    def _no_credentials_in_the_url(cls, store: str) -> str:
+        if "://" in store and "@" in urlsplit(store).netloc:
+            raise ValueError("credentials in the URL would be published on {run}.weights: put them in storage_options")
+        return store
+
+    @field_validator("storage_options", mode="after")
+    @classmethod
+    def _mask_secret_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return _wrap_secrets(options)
+
+    def storage_options_values(self) -> dict[str, Any]:
+        """``storage_options`` with the secrets revealed: only for handing to fsspec, never for printing."""
+        return _reveal(self.storage_options)
+
+
+def _wrap_secrets(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _wrap_secrets(v) if isinstance(v, dict) else SecretStr(v) if isinstance(v, str) and _secret_name(k) else v
+        for k, v in options.items()
+    }
+
+
+def _reveal(options: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: _reveal(v) if isinstance(v, dict) else v.get_secret_value() if isinstance(v, SecretStr) else v
+        for k, v in options.items()
+    }
 
 
 class InferenceConfig(Section):
@@ -526,10 +639,16 @@ class InferenceConfig(Section):
     def _http_urls(cls, urls: list[str]) -> list[str]:
         for url in urls:
             if not url.startswith(("http://", "https://")):
-                raise ValueError(f"{url!r} is not an http(s):// base URL (e.g. http://gpu-host:8000)")
+                raise ValueError(f"{mask_secrets(repr(url))} is not an http(s):// base URL (e.g. http://gpu-host:8000)")
         if len(set(urls)) != len(urls):
             raise ValueError("lists a server twice")
         return [url.rstrip("/") for url in urls]
+
+    _show_url = field_serializer("url", when_used="json")(_masked_url)
+
+    @field_serializer("urls", when_used="json")
+    def _show_urls(self, urls: list[str]) -> list[str]:
+        return [mask_secrets(url) for url in urls]
 
     @property
     def base_url(self) -> str:
@@ -628,6 +747,8 @@ class EnvConfig(Section):
         description="When to ask the judge: when the agent declares the task complete (and at the horizon), "
         "or after every step (as DigiRL's evaluator does; one request per step).",
     )
+
+    _show_judge_url = field_serializer("judge_url", when_used="json")(_masked_url)
 
     @model_validator(mode="after")
     def _judge_needs_endpoint(self) -> EnvConfig:
@@ -764,7 +885,8 @@ class Config(BaseSettings):
 
     @model_validator(mode="after")
     def _artifacts_outlive_the_served_versions(self) -> Config:
-        # A server that joins late loads its newest inference.keep_versions from {run}.artifacts: all must be there.
+        # A server that joins late loads its newest inference.keep_versions from {run}.artifacts (or the learner's
+        # pruned folder): all must be there.
         if self.artifacts.keep_versions < self.inference.keep_versions:
             raise ValueError(
                 f"artifacts.keep_versions ({self.artifacts.keep_versions}) must be at least inference.keep_versions "
@@ -840,5 +962,5 @@ def _first_error(exc: ValidationError) -> ConfigError:
         and not isinstance(err["input"], dict)
         and not any(is_secret_property(str(p)) for p in err["loc"])
     ):
-        message = f"{message} (got {err['input']!r})"
+        message = f"{message} (got {mask_secrets(repr(err['input']))})"
     return ConfigError(field, message)

@@ -137,6 +137,11 @@ class InferenceRequestError(InferenceError):
         self.status_code = status_code
 
 
+class ArtifactUploadError(ArtifactError):
+    """The object store of ``artifacts.store`` refused an adapter's upload, retries included (an outage, a throttle,
+    refused credentials): the version is lost, the adapter folder stays on the learner's disk."""
+
+
 class ArtifactIntegrityError(ArtifactError):
     """A fetched artifact's bytes are not what was published: ``reason`` is ``chunk`` (a chunk's own sha256),
     ``hash`` (the whole folder's sha256 or size) or ``missing`` (records or files not there)."""

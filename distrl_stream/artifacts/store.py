@@ -46,6 +46,35 @@ def newest_artifact_version(cfg: Config) -> int:
     return max(found, default=0)
 
 
+def prune_artifacts(cfg: Config, newest: int) -> list[int]:
+    """Remove the adapter folders of versions older than the newest ``artifacts.keep_versions`` once ``newest`` is
+    published, as ``{run}.artifacts``'s compaction does for the chunks (docs/design.md §3).
+
+    What stays is what may still be read: the versions a server may yet fetch (``inference.keep_versions`` is at most
+    ``artifacts.keep_versions``, checked at load) and the newest, which numbers the next version after a restart
+    (:func:`newest_artifact_version`); a checkpoint holds its own copy of the adapter. Each folder is renamed away
+    first, so a reader sees it whole or not at all (a ``file://`` fetch of it then fails as ``missing``).
+
+    Returns:
+        The versions removed, oldest first.
+
+    Raises:
+        OSError: a folder could not be renamed away.
+    """
+    root = artifacts_dir(cfg)
+    oldest_kept = newest - cfg.artifacts.keep_versions + 1
+    old = sorted(
+        (int(m.group(1)), p)
+        for p in (root.iterdir() if root.is_dir() else ())
+        if p.is_dir() and (m := _VERSION_DIR.match(p.name)) and int(m.group(1)) < oldest_kept
+    )
+    for _version, folder in old:
+        doomed = folder.with_name(f".{folder.name}.pruned.tmp")
+        os.rename(folder, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    return [version for version, _folder in old]
+
+
 def sha256_dir(path: Path) -> str:
     """Hex sha256 over a folder's regular files: for each file in sorted relative-path order (POSIX separators),
     the path's UTF-8 bytes, a NUL, the file's size as 8 big-endian bytes, then the file's bytes.

@@ -27,20 +27,24 @@ log cleaner runs; fetching one then fails as ``missing``.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
 from distrl_stream.artifacts.store import atomic_dir, dir_size, local_path, sha256_dir
-from distrl_stream.config import Config, KafkaConfig
-from distrl_stream.errors import ArtifactError, ArtifactIntegrityError
+from distrl_stream.config import Config, KafkaConfig, mask_secrets
+from distrl_stream.errors import ArtifactError, ArtifactIntegrityError, ArtifactUploadError
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+
+log = logging.getLogger(__name__)
 
 H_ARTIFACT, H_PATH, H_OFFSET, H_SIZE, H_INDEX, H_CHUNKS, H_SHA = (
     "distrl-artifact",
@@ -197,7 +201,8 @@ def publish(cfg: Config, version: int, folder: Path, producer: Producer | None =
 
     Raises:
         KafkaClientError: a chunk was not acknowledged.
-        ArtifactError: the object store refused the upload.
+        ArtifactUploadError: the object store refused the upload ``artifacts.upload_retries`` more times, waiting
+            ``upload_backoff_s`` doubling between them.
     """
     store = cfg.artifacts.store
     if store == "file":
@@ -209,12 +214,20 @@ def publish(cfg: Config, version: int, folder: Path, producer: Producer | None =
     import fsspec  # only a role that uses an object store pays for the import
 
     url = f"{store.rstrip('/')}/{cfg.run}/{cfg.model.policy_id}/v{version:06d}"
-    fs, path = fsspec.core.url_to_fs(url)
-    try:
-        fs.put(f"{folder}/", path, recursive=True)
-    except (OSError, NotImplementedError, ValueError) as exc:
-        raise ArtifactError(f"artifacts.store: cannot upload {folder} to {url}: {exc}") from None
-    return url
+    fs, path = fsspec.core.url_to_fs(url, **cfg.artifacts.storage_options_values())
+    attempts, delay = cfg.artifacts.upload_retries + 1, cfg.artifacts.upload_backoff_s
+    for attempt in range(1, attempts + 1):
+        try:
+            fs.put(f"{folder}/", path, recursive=True)
+            return url
+        # Each backend raises its own errors (s3fs, gcsfs, botocore's credential errors are no OSError).
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {mask_secrets(str(exc))}"
+        if attempt < attempts:
+            log.warning("upload of %s to %s failed (%s); retrying in %.1fs", folder.name, url, error, delay)
+            time.sleep(delay)
+            delay *= 2
+    raise ArtifactUploadError(f"artifacts.store: cannot upload {folder} to {url} ({attempts} attempts): {error}")
 
 
 def publish_chunks(cfg: Config, producer: Producer, version: int, chunks: Iterator[Chunk]) -> KafkaLocation:
@@ -303,6 +316,7 @@ def fetch(
     kafka: KafkaConfig | None = None,
     timeout_s: float = 120.0,
     source: AdapterSource | None = None,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> Path:
     """Rebuild the adapter folder ``uri`` names at ``dest`` (which must not exist) and verify it as a whole.
 
@@ -317,6 +331,7 @@ def fetch(
         kafka: the cluster to read a ``kafka://`` URI from (the reader's own settings).
         timeout_s: bound on reading the chunks of a ``kafka://`` URI.
         source: where fetching is allowed (the reader's ``artifacts.store``); None allows every scheme.
+        storage_options: the fsspec filesystem's arguments for an fsspec URL (``artifacts.storage_options``).
 
     Raises:
         ArtifactIntegrityError: a chunk is corrupted (``chunk``), the folder does not match ``sha256`` / ``size_bytes``
@@ -330,7 +345,7 @@ def fetch(
     if source is not None:
         source.check(uri)
     with atomic_dir(dest) as tmp:
-        _fetch_into(uri, tmp, kafka, timeout_s, sha256, size_bytes)
+        _fetch_into(uri, tmp, kafka, timeout_s, sha256, size_bytes, storage_options or {})
         digest, size = sha256_dir(tmp), dir_size(tmp)
         if digest != sha256 or size != size_bytes:
             raise ArtifactIntegrityError(
@@ -341,7 +356,15 @@ def fetch(
     return dest
 
 
-def _fetch_into(uri: str, tmp: Path, kafka: KafkaConfig | None, timeout_s: float, sha256: str, size_bytes: int) -> None:
+def _fetch_into(
+    uri: str,
+    tmp: Path,
+    kafka: KafkaConfig | None,
+    timeout_s: float,
+    sha256: str,
+    size_bytes: int,
+    storage_options: Mapping[str, Any],
+) -> None:
     scheme = urlparse(uri).scheme
     if scheme in ("", "file"):
         source = local_path(uri)
@@ -359,7 +382,7 @@ def _fetch_into(uri: str, tmp: Path, kafka: KafkaConfig | None, timeout_s: float
         import fsspec
 
         try:
-            fs, path = fsspec.core.url_to_fs(uri)
+            fs, path = fsspec.core.url_to_fs(uri, **storage_options)
             if not fs.isdir(path):
                 raise ArtifactIntegrityError(f"adapter {uri} does not exist", "missing")
             root = path.rstrip("/")

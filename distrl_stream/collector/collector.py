@@ -11,8 +11,11 @@ Two modes share every line that touches an environment, the server or Kafka (:me
 Lifecycle: :meth:`Collector.request_stop` (SIGTERM/SIGINT in :func:`run_collector`) stops new episodes; in-flight
 ones get ``shutdown_grace_s`` to finish, then are cancelled and *abandoned* (never published, counted); a second
 request abandons at once. Then the producer is flushed and :meth:`Collector.run` returns a :class:`CollectorReport`.
-Errors of the environment or the server end only the episode they hit (see :mod:`.episode`); nothing but a stop
-request ends the collector.
+Errors of the environment or the server end only the episode they hit (see :mod:`.episode`); an error between
+episodes (reading the served version or the learner's progress, starting an environment) restarts the slot after a
+back-off. Nothing but a stop request ends the collector, or an error retrying cannot cure (refused Kafka credentials,
+a bad setting): it stops the collector, whose report names it (:attr:`CollectorReport.failure`), and ``collect``
+exits non-zero with it.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from distrl_stream import pacing
@@ -40,7 +43,14 @@ from distrl_stream.envs.base import DeviceEnv
 from distrl_stream.envs.factory import make_env
 from distrl_stream.envs.seeding import stable_int
 from distrl_stream.envs.tasks import TaskSampler, make_sampler
-from distrl_stream.errors import DistrlError, InferenceError, KafkaClientError, RecordRejectedError
+from distrl_stream.errors import (
+    ConfigError,
+    DistrlError,
+    InferenceError,
+    KafkaAuthenticationError,
+    KafkaClientError,
+    RecordRejectedError,
+)
 from distrl_stream.events import MetricEvent, Step, Termination, TrajectoryEvent, utc_now
 from distrl_stream.events.screenshots import ScreenshotStore
 from distrl_stream.inference.client import InferenceClient
@@ -54,6 +64,8 @@ log = logging.getLogger(__name__)
 _ERRORS = (Termination.INFERENCE_ERROR, Termination.ENV_ERROR)
 _PRODUCER_POLL_S = 0.05
 _WAIT_LOG_EVERY_S = 10.0
+# Errors that retrying with the same settings cannot cure: they stop the collector instead of a slot's retries.
+_FATAL = (ConfigError, KafkaAuthenticationError)
 
 
 def default_collector_id() -> str:
@@ -79,6 +91,8 @@ class CollectorReport:
         rounds: sync rounds completed (0 in async mode).
         duration_s: wall time of :meth:`Collector.run`.
         stop_reason: why it stopped (signal name, ``max_episodes``, ``duration``, ...).
+        failure: the error that stopped a collector that could not work (refused Kafka credentials, a bad setting);
+            None when it stopped as asked. ``collect`` exits non-zero with it.
     """
 
     collector_id: str
@@ -94,6 +108,7 @@ class CollectorReport:
     rounds: int
     duration_s: float
     stop_reason: str
+    failure: str | None = None
 
     @property
     def abandoned(self) -> int:
@@ -145,6 +160,7 @@ class Collector:
         self._stop_requested = asyncio.Event()
         self._abandon_now = asyncio.Event()
         self._stop_reason = ""
+        self._failure: str | None = None
         self._claimed = 0
         self._in_flight: set[str] = set()
         self._paused = False
@@ -235,9 +251,12 @@ class Collector:
         if not ready:
             workers = []
         elif settings.mode == "sync":
-            workers = [asyncio.create_task(self._sync_rounds(), name="rounds")]
+            workers = [asyncio.create_task(self._keep_alive("rounds", self._sync_rounds), name="rounds")]
         else:
-            workers = [asyncio.create_task(self._slot(i), name=f"slot-{i}") for i in range(settings.envs)]
+            workers = [
+                asyncio.create_task(self._keep_alive(f"slot {i}", lambda i=i: self._slot(i)), name=f"slot-{i}")
+                for i in range(settings.envs)
+            ]
         try:
             await self._supervise(workers)
         finally:
@@ -269,6 +288,7 @@ class Collector:
             rounds=stats.rounds,
             duration_s=time.monotonic() - started,
             stop_reason=self._stop_reason or "done",
+            failure=self._failure,
         )
         log.info("%s", report.summary())
         return report
@@ -297,13 +317,42 @@ class Collector:
             stop.cancel()
             abandon.cancel()
 
+    async def _keep_alive(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        """Run a worker (an env slot, the sync rounds) until it returns. An error it lets escape restarts it after a
+        back-off, as an errored episode backs its slot off; one retrying cannot cure stops the collector."""
+        backoff = 0.0
+        while True:
+            try:
+                await work()
+                return
+            except _FATAL as exc:
+                self._fail(name, exc)
+                return
+            except Exception as exc:
+                backoff = min(max(2 * backoff, self.settings.error_backoff_s), self.settings.error_backoff_max_s)
+                log.warning("%s failed (%s: %s); restarting it in %.1fs", name, type(exc).__name__, exc, backoff)
+                await self._sleep(backoff)
+            if self.stopping:
+                return
+
+    def _fail(self, where: str, exc: Exception) -> None:
+        """Stop collecting for an error retrying cannot cure; the report and the exit status name the first one."""
+        if self._failure is None:
+            self._failure = f"{where}: {type(exc).__name__}: {exc}"
+            log.error("cannot collect: %s", self._failure)
+        if not self.stopping:
+            self.request_stop(f"failed: {self._failure}")
+
     async def _until_ready(self, what: str, step: Callable[[], object]) -> bool:
-        """Run a blocking start-up step off the loop, retrying while Kafka fails it; False when stopped first."""
+        """Run a blocking start-up step off the loop, retrying while Kafka fails it; False when stopped first (or
+        when the cluster refuses the credentials: retrying cannot cure that)."""
         backoff = max(self.settings.error_backoff_s, 0.5)
         while not self.stopping:
             try:
                 await asyncio.to_thread(step)
                 return True
+            except KafkaAuthenticationError as exc:
+                self._fail(what, exc)
             except KafkaClientError as exc:
                 log.warning("%s failed (%s); retrying in %.0fs", what, exc, backoff)
                 await self._sleep(backoff)
@@ -490,6 +539,8 @@ class Collector:
             self._limit_checked_at = now
             try:
                 await asyncio.to_thread(limiter.refresh)
+            except KafkaAuthenticationError:
+                raise  # not a lost cluster: the slot's keeper stops the collector
             except KafkaClientError as exc:  # the last count stands; the producer reports a lost cluster itself
                 log.debug("cannot count the episodes on %s: %s", limiter.topic, exc)
         step = self._published.learner_step

@@ -122,8 +122,8 @@ async def run_episode(
     """Run one episode of ``task`` on ``env`` with actions from ``policy``.
 
     In choice mode the policy picks among ``env.candidates(obs)``; a screen without candidates (an environment that
-    cannot enumerate them) is asked in free mode, and its step records no candidates. Every step records the
-    version that produced its action, so an episode may span versions.
+    cannot enumerate them) is asked in free mode, and its step records no candidates and ``mode = "free"``. Every
+    step records the version that produced its action, so an episode may span versions.
 
     Errors never escape: an exception from the policy ends the episode as ``inference_error``, one from the
     environment (reset, candidates, screenshot, step) as ``env_error``; the steps completed before it are kept.
@@ -174,8 +174,9 @@ async def run_episode(
         if prompter.vision and observation.screenshot is None:
             return end(Termination.ENV_ERROR, "observe: no screenshot of the screen for a policy that reads them")
         prompt = prompter(instruction, observation.screen, previous, candidates, screenshot=observation.screenshot)
+        step_mode: Mode = "choice" if candidates else "free"
         try:
-            action = await policy.act(prompt, candidates or None, mode="choice" if candidates else "free")
+            action = await policy.act(prompt, candidates or None, mode=step_mode)
         except Exception as exc:  # InferenceError, or a malformed answer the client did not anticipate
             return end(Termination.INFERENCE_ERROR, _describe("inference", exc))
         try:
@@ -204,6 +205,8 @@ async def run_episode(
             adapter_sha256=action.adapter_sha256,
             # What the policy read, as its server tokenised it: the learner trains on these ids (docs/design.md §6.2).
             prompt_token_ids=Tensor.from_token_ids(action.prompt_token_ids) if action.prompt_token_ids else None,
+            # Per step: the learner recomputes log π as this step was asked, whatever the episode's mode.
+            mode=step_mode,
         )
         steps.append(step)
         previous.append(action.text)

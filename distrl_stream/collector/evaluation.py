@@ -181,6 +181,7 @@ class VersionEvaluator:
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
             source=AdapterSource.of(cfg),
+            storage_options=cfg.artifacts.storage_options_values(),
         )
 
     async def evaluate(

@@ -20,6 +20,7 @@ from typing import Any, Final, Literal, Protocol
 
 import httpx
 
+from distrl_stream.config import mask_secrets, url_credentials
 from distrl_stream.envs.actions import Status
 from distrl_stream.envs.base import ActionInput, DeviceEnv, EnvKind, Observation, StepResult, Task
 from distrl_stream.errors import EpisodeStateError, JudgeError
@@ -65,7 +66,10 @@ class LLMJudge:
         timeout_s: float = 30.0,
         client: httpx.AsyncClient | None = None,
     ) -> None:
-        self.url = url.rstrip("/") + "/chat/completions"
+        # Requests go to the URL without its user:password, sent as basic auth; messages name the URL masked.
+        self._endpoint, credentials = url_credentials(url.rstrip("/") + "/chat/completions")
+        self._auth = httpx.BasicAuth(*credentials) if credentials else httpx.USE_CLIENT_DEFAULT
+        self.url = mask_secrets(url.rstrip("/") + "/chat/completions")
         self.model = model
         self.timeout_s = timeout_s
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -89,11 +93,13 @@ class LLMJudge:
             "max_tokens": 4,
         }
         try:
-            response = await self._client.post(self.url, json=body, headers=self._headers, timeout=self.timeout_s)
+            response = await self._client.post(
+                self._endpoint, json=body, headers=self._headers, auth=self._auth, timeout=self.timeout_s
+            )
         except httpx.TimeoutException:
             raise JudgeError(f"judge {self.url} timed out after {self.timeout_s:g} s") from None
         except httpx.HTTPError as exc:
-            raise JudgeError(f"judge {self.url} unreachable: {type(exc).__name__}: {exc}") from None
+            raise JudgeError(f"judge {self.url} unreachable: {type(exc).__name__}: {mask_secrets(str(exc))}") from None
         if response.status_code >= 400:
             raise JudgeError(f"judge {self.url} answered HTTP {response.status_code}: {response.text[:200]}")
         return _parse_reply(self.url, response)

@@ -139,6 +139,7 @@ class Step:
     server: str = ""
     adapter_sha256: str | None = None
     prompt_token_ids: Tensor | None = None
+    mode: str | None = None
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""
@@ -166,11 +167,13 @@ _STEP_FIELDS = Step.__slots__
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrajectoryEvent:
-    """One finished episode (Avro ``distrl.TrajectoryEvent`` v3), keyed by ``episode_id`` on ``{run}.trajectories``.
+    """One finished episode (Avro ``distrl.TrajectoryEvent`` v4), keyed by ``episode_id`` on ``{run}.trajectories``.
 
     ``final_observation`` / ``final_candidates`` (v2): what a truncated episode saw after its last step, s_L, so the
     learner can bootstrap V(s_L); None / empty for every other episode and for records written with v1.
     ``Step.prompt_token_ids`` (v3): the prompt as the server tokenised it; None in records written before.
+    ``Step.mode`` (v4): how the step's action was asked, ``choice`` or ``free`` (a choice-mode screen without
+    candidates is asked in free mode); None in records written before, where the episode's ``mode`` holds.
     """
 
     AVRO_NAME: ClassVar[str] = "distrl.TrajectoryEvent"

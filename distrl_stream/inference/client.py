@@ -34,7 +34,7 @@ from typing import Any, Literal, Self
 import httpx
 from pydantic import SecretStr
 
-from distrl_stream.config import InferenceConfig
+from distrl_stream.config import InferenceConfig, mask_secrets, url_credentials
 from distrl_stream.errors import InferenceError, InferenceRequestError, InferenceUnavailableError
 from distrl_stream.policy.prompt import IMAGE_PART, ImagePrompt, Prompt
 
@@ -108,7 +108,8 @@ class Server:
     """One policy server of a client's pool, as the client last saw it.
 
     Attributes:
-        url: its base URL.
+        url: its base URL, credentials masked (:func:`~distrl_stream.config.mask_secrets`): what logs, errors, metric
+            labels and each step's ``server`` show; only its HTTP client holds the real one.
         adapters: the versions it lists in ``/v1/models`` → the sha256 of each one's adapter (None for the base model
             or an unnamed one); empty until first read.
         listed: every version it has listed since the client started, with its sha256: an answer by a version the
@@ -174,7 +175,7 @@ class InferenceClient:
         self.policy_id = policy_id
         urls = (base_url.rstrip("/"),) if base_url else cfg.server_urls
         self._version_re = re.compile(rf"^{re.escape(policy_id)}-v(\d+)$")
-        self.servers = tuple(Server(url, self._http_client(url)) for url in urls)
+        self.servers = tuple(Server(mask_secrets(url), self._http_client(url)) for url in urls)
         self._version = 0
 
     @property
@@ -311,8 +312,11 @@ class InferenceClient:
         await self.aclose()
 
     def _http_client(self, url: str) -> httpx.AsyncClient:
+        # A URL's user:password goes as basic auth, so no request URL httpx logs carries it.
+        base, credentials = url_credentials(url)
         return httpx.AsyncClient(
-            base_url=url,
+            base_url=base,
+            auth=credentials,
             timeout=httpx.Timeout(self.cfg.request_timeout_s),
             headers=auth_headers(self.cfg.api_key),
             limits=httpx.Limits(
@@ -385,8 +389,12 @@ class InferenceClient:
 
     async def _refresh(self, server: Server) -> None:
         body = await self._request(server, "GET", "/v1/models")
+        listed = body.get("data", []) if isinstance(body, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(item, dict) for item in listed):
+            # A proxy's page or another API on the port: this server cannot be read now, another may be.
+            raise _ServerFailed(f"GET /v1/models answered {str(body)[:200]!r}, not a model list")
         adapters: dict[int, str | None] = {}
-        for item in body.get("data", []):
+        for item in listed:
             match = self._version_re.match(str(item.get("id", "")))
             if match:
                 version = int(match.group(1))
@@ -426,7 +434,7 @@ class InferenceClient:
         """One HTTP call to one server.
 
         Raises:
-            _ServerFailed: connection refused or reset, timeout, or 5xx.
+            _ServerFailed: connection refused or reset, timeout, 5xx, or a body that is not JSON.
             InferenceRequestError: any other error status.
         """
         try:
@@ -442,7 +450,10 @@ class InferenceClient:
             )
         if response.status_code >= 400:
             raise InferenceRequestError(_error_message(response), response.status_code)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            raise _ServerFailed(f"{method} {path} answered {response.text[:200]!r}, not JSON") from None
 
     def _unavailable(self, what: str, errors: dict[str, str]) -> str:
         attempts = self.cfg.retries + 1

@@ -38,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import SecretStr
@@ -203,6 +204,8 @@ class AdapterLoader:
         fetch_timeout_s: bound on fetching one adapter (``artifacts.fetch_timeout_s``).
         source: where adapters may be fetched from (the server's ``artifacts.store``); a URI outside it is refused
             as ``malformed`` before anything is read. None allows every scheme.
+        storage_options: the fsspec filesystem's arguments for an fsspec URI, secrets revealed
+            (``artifacts.storage_options_values()``).
         base_model: the server's base model id (named in a ``base_model`` refusal).
         base_fingerprint: the server's :func:`~distrl_stream.artifacts.model_fingerprint`; "" skips the check, as
             does an event without one (written before events carried it).
@@ -219,6 +222,7 @@ class AdapterLoader:
     kafka: KafkaConfig | None = None
     fetch_timeout_s: float = 120.0
     source: AdapterSource | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
     base_model: str = ""
     base_fingerprint: str = ""
     retired_grace_s: float = 120.0
@@ -327,6 +331,7 @@ class AdapterLoader:
                 kafka=self.kafka,
                 timeout_s=self.fetch_timeout_s,
                 source=self.source,
+                storage_options=self.storage_options,
             )
         except ArtifactIntegrityError as exc:
             raise AdapterVerificationError(f"{name}: {exc}", exc.reason) from None
@@ -400,6 +405,7 @@ class WeightWatcher(BackgroundFollower):
             kafka=cfg.kafka,
             fetch_timeout_s=cfg.artifacts.fetch_timeout_s,
             source=AdapterSource.of(cfg),
+            storage_options=cfg.artifacts.storage_options_values(),
             base_model=cfg.model.base_model_id,
             retired_grace_s=cfg.inference.retired_adapter_grace_s,
         )

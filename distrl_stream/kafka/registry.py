@@ -26,7 +26,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 from fastavro.schema import parse_schema
 
-from distrl_stream.config import KafkaConfig
+from distrl_stream.config import KafkaConfig, mask_secrets
 from distrl_stream.errors import EventDecodeError, IncompatibleSchemaError, RegistryError, RegistryUnavailableError
 from distrl_stream.events.records import EVENT_TYPES, Event
 from distrl_stream.events.serde import HEADER, MAGIC_BYTE, Serde, set_default_serde
@@ -86,14 +86,14 @@ class RegistrySerde(Serde):
 
     Args:
         client: Confluent's registry client (``SchemaRegistryClient.new_client``).
-        url: the registry's URL, for messages.
+        url: the registry's URL, for messages (its credentials masked).
         store: the current schemas (default: the repository's ``schemas/``).
     """
 
     def __init__(self, client: SchemaRegistryClient, url: str, store: SchemaStore | None = None) -> None:
         super().__init__(store)
         self.client = client
-        self.url = url
+        self.url = mask_secrets(url)
         # Nothing is written or read by static id: ids come from register() and registry lookups.
         self._writers.clear()
         self._readers.clear()
@@ -179,7 +179,8 @@ class RegistrySerde(Serde):
 
     def _unreachable(self, exc: Exception) -> RegistryUnavailableError:
         return RegistryUnavailableError(
-            f"schema registry at {self.url} cannot be reached ({type(exc).__name__}: {_one_line(str(exc))}); "
+            f"schema registry at {self.url} cannot be reached "
+            f"({type(exc).__name__}: {mask_secrets(_one_line(str(exc)))}); "
             "check kafka.schema_registry_url, or unset it to use the static ids (offline mode)"
         )
 

@@ -23,6 +23,7 @@ class Counters:
     replayed: int = 0  # episodes loaded from another run's topic (--from-replay)
     published: int = 0  # weight versions published
     unannounced: int = 0  # versions written whose chunks or event the cluster did not acknowledge (an outage)
+    not_uploaded: int = 0  # versions written that the object store refused after artifacts.upload_retries
     metrics_lost: int = 0  # metric events the cluster never acknowledged
     dead_letters_lost: int = 0  # dead letters the cluster never acknowledged (their records are skipped unrecorded)
 

@@ -48,6 +48,8 @@ class StepRecord:
         screenshot_sha256: its sha256; a vision policy's prompt is rebuilt from the verified image.
         prompt_token_ids: the prompt as the server tokenised it, what log π is computed on; None for events written
             before TrajectoryEvent v3 (the prompt is then re-rendered from the observation).
+        mode: how the action was asked, "choice" or "free" (how π(a|s) must be recomputed): the step's own mode
+            (TrajectoryEvent v4), else its episode's.
     """
 
     observation: str
@@ -64,6 +66,12 @@ class StepRecord:
     screenshot_uri: str | None = None
     screenshot_sha256: str | None = None
     prompt_token_ids: tuple[int, ...] | None = None
+    mode: str = "choice"
+
+    @property
+    def choices(self) -> list[str] | None:
+        """The choice the server was asked to make (log π under the same constraint), or None in free mode."""
+        return list(self.candidates) if self.mode == "choice" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +85,7 @@ class EpisodeRecord:
         success: whether the task was solved.
         termination: why it ended (success, failure, truncated, env_error, ...).
         steps: the steps, in order.
-        mode: "choice" or "free" (how π(a|s) must be recomputed).
+        mode: "choice" or "free": the collector's mode (a choice-mode episode may hold free steps, ``StepRecord.mode``).
         collector_id: the collector that produced it.
         env_kind: sim, miniwob or android.
         task_template: the task's template name.
@@ -128,6 +136,8 @@ class EpisodeRecord:
                     "token_ids": tuple(s["token_ids"]),
                     "token_logprobs": tuple(s["token_logprobs"]),
                     "prompt_token_ids": None if s.get("prompt_token_ids") is None else tuple(s["prompt_token_ids"]),
+                    # Checkpoints written before steps had a mode: the episode's.
+                    "mode": s.get("mode", data.get("mode", "choice")),
                 }
             )
             for s in data["steps"]
@@ -210,8 +220,9 @@ def episode_from_event(
     """Convert a trajectory event into the learner's episode record.
 
     ``done`` as in docs/design.md §5.1: True only on a terminal last step (success, failure, or a ``status`` action);
-    a truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). Candidates
-    are kept only in choice mode (free-mode log-probs use the whole vocabulary).
+    a truncated episode's last step has ``done = False`` (its value after the horizon is bootstrapped). A step's mode
+    is its own (``Step.mode``, TrajectoryEvent v4: a choice-mode screen without candidates is asked in free mode),
+    else the episode's; candidates are kept only on choice-mode steps (free-mode log-probs use the whole vocabulary).
 
     Args:
         event: the trajectory.
@@ -225,7 +236,8 @@ def episode_from_event(
             fail every forward pass on it). None: not checked.
 
     Raises:
-        TrajectoryError: no steps, a step without action tokens, choice mode without candidates, a step marked done
+        TrajectoryError: no steps, a step without action tokens, an unknown mode, a choice-mode step without
+            candidates, a step marked done
             before the last, token ids that are not a 1-D integer array, a tensor whose bytes do not match its dtype
             and shape, token log-probs that do not match the tokens one for one, a non-finite reward or log-prob,
             another base model than ``base_model``, choice-mode tokens ``check_action`` refuses, or (``screenshots``)
@@ -268,12 +280,15 @@ def episode_from_event(
             raise TrajectoryError(f"{where}: non-finite reward or behaviour log-prob")
         if step.policy_version < 0:
             raise TrajectoryError(f"{where}: negative policy version {step.policy_version}")
-        if event.mode == "choice" and not step.candidates:
+        mode = step.mode or event.mode
+        if mode not in ("choice", "free"):
+            raise TrajectoryError(f"{where} has unknown mode {mode!r}")
+        if mode == "choice" and not step.candidates:
             raise TrajectoryError(f"{where}: choice mode without candidates")
         steps.append(
             StepRecord(
                 observation=step.observation,
-                candidates=tuple(step.candidates) if event.mode == "choice" else (),
+                candidates=tuple(step.candidates) if mode == "choice" else (),
                 action_text=step.action_text,
                 action=step.action,
                 valid=step.valid,
@@ -286,6 +301,7 @@ def episode_from_event(
                 screenshot_uri=step.screenshot_uri,
                 screenshot_sha256=step.screenshot_sha256,
                 prompt_token_ids=None if prompt_ids is None else tuple(prompt_ids.tolist()),
+                mode=mode,
             )
         )
     episode = EpisodeRecord(
@@ -318,14 +334,14 @@ def episode_from_event(
 
 
 def check_choices(episode: EpisodeRecord, check: ActionCheck) -> None:
-    """Check every choice-mode step's action tokens with ``check`` (free-mode episodes pass).
+    """Check every choice-mode step's action tokens with ``check`` (free-mode steps pass).
 
     Raises:
         ActionConstraintError: a step whose tokens were not sampled under the choice among its candidates (named).
     """
-    if episode.mode != "choice":
-        return
     for t, step in enumerate(episode.steps):
+        if step.mode != "choice":
+            continue
         try:
             check(step.candidates, step.token_ids)
         except ActionConstraintError as exc:

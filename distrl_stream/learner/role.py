@@ -17,7 +17,8 @@ The loop (one thread; the Kafka reader has its own, :mod:`.ingest`):
    update (:class:`~distrl_stream.learner.trainer.Trainer`); after a restart, only once the checkpoint's replay
    shard has been re-read whole (a checkpoint before would lose the rest of it);
 3. every ``updates_per_version`` updates (in round mode: at the end of each round) write the adapter to the artifact
-   store and THEN publish a WeightVersionEvent on ``{run}.weights``;
+   store and THEN publish a WeightVersionEvent on ``{run}.weights``; the store keeps the newest
+   ``artifacts.keep_versions`` versions;
 4. every ``checkpoint_interval_updates`` updates, and on stop, write an atomic checkpoint and commit its offsets;
 5. every ``metrics_interval_s`` publish a MetricEvent (role ``learner``) on ``{run}.metrics``.
 
@@ -49,11 +50,19 @@ from distrl_stream.artifacts import (
     atomic_dir,
     base_fingerprint,
     newest_artifact_version,
+    prune_artifacts,
     publish,
     version_event,
 )
 from distrl_stream.config import Algorithm, Config
-from distrl_stream.errors import CheckpointError, DeliveryError, KafkaClientError, LearnerError, ReplayBufferError
+from distrl_stream.errors import (
+    ArtifactUploadError,
+    CheckpointError,
+    DeliveryError,
+    KafkaClientError,
+    LearnerError,
+    ReplayBufferError,
+)
 from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEvent, utc_now
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.consumer import read_topic
@@ -566,7 +575,8 @@ class Learner:
 
     def publish(self) -> WeightVersionEvent | None:
         """Write the current adapter as the next version (atomically), put it in ``artifacts.store``, and THEN
-        announce it (rank 0; the other members learn the number in the next :meth:`~.group.Group.exchange`).
+        announce it (rank 0; the other members learn the number in the next :meth:`~.group.Group.exchange`); then
+        remove the versions older than the newest ``artifacts.keep_versions`` from the artifact folder.
 
         Returns:
             The published event (None on members other than rank 0).
@@ -574,7 +584,8 @@ class Learner:
         Raises:
             KafkaClientError: the chunks or the event were not acknowledged (the artifact stays; the next publish
                 takes the next number).
-            ArtifactError: the object store refused the upload.
+            ArtifactUploadError: the object store refused the upload, retries included (the artifact stays; the
+                next publish takes the next number).
         """
         assert self._producer is not None
         if not self.membership.writer:
@@ -602,16 +613,24 @@ class Learner:
         self.counters.published += 1
         self._dirty = True
         log.info("learner %s published version %d (update %d)", self.member_id, version, self.trainer.updates)
+        try:
+            prune_artifacts(self.cfg, version)
+        except OSError as exc:  # disk space, not correctness: the next publish tries again
+            log.warning("learner %s: could not prune old adapter versions: %s", self.member_id, exc)
         return event
 
     def _publish_through_outages(self) -> None:
-        """:meth:`publish`, and when the cluster does not acknowledge it, count and log the version and train on:
-        the next publish takes the next number, so a broker outage costs versions, not the learner."""
+        """:meth:`publish`, and when the cluster does not acknowledge it or the object store refuses its upload
+        (after ``artifacts.upload_retries``), count and log the version and train on: the next publish takes the
+        next number, so an outage of either costs versions, not the learner."""
         try:
             self.publish()
         except DeliveryError as exc:  # unacknowledged, not refused: a refused login or record stays fatal
             self.counters.unannounced += 1
             log.warning("learner %s: a version was not announced (training goes on): %s", self.member_id, exc)
+        except ArtifactUploadError as exc:  # a malformed adapter folder (any other ArtifactError) stays fatal
+            self.counters.not_uploaded += 1
+            log.warning("learner %s: a version was not uploaded (training goes on): %s", self.member_id, exc)
 
     def checkpoint(self) -> Path | None:
         """Write the group's atomic checkpoint (see :mod:`.checkpoint`) and commit each member's offsets.
@@ -814,6 +833,7 @@ class Learner:
             "trajectories_replayed": float(self.counters.replayed),
             "versions_published": float(self.counters.published),
             "versions_unannounced": float(self.counters.unannounced),
+            "versions_not_uploaded": float(self.counters.not_uploaded),
             "metric_events_lost": float(self.counters.metrics_lost),
             "dead_letters_lost": float(self.counters.dead_letters_lost),
             "policy_lag_mean": float(lags.mean()) if lags.size else 0.0,

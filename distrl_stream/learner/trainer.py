@@ -570,7 +570,7 @@ class Trainer:
                 self.tokenizer,
                 [self.step_prompt(e, t) for e, t in steps],
                 [e.steps[t].token_ids for e, t in steps],
-                [list(e.steps[t].candidates) if e.mode == "choice" else None for e, t in steps],
+                [e.steps[t].choices for e, t in steps],
                 temperature=self.temperature,
                 constraint=self.constraint,
             )

@@ -14,6 +14,7 @@ from distrl_stream.artifacts import (
     local_path,
     model_fingerprint,
     newest_artifact_version,
+    prune_artifacts,
     sha256_dir,
 )
 from distrl_stream.config import Config
@@ -95,6 +96,18 @@ def test_newest_artifact_version_counts_only_complete_version_folders(tmp_path: 
     (artifacts_dir(cfg) / "v9").mkdir()  # not the store's naming
     assert adapter_dir(cfg, 3) == tmp_path / "runs" / "r" / "artifacts" / cfg.model.policy_id / "v000003"
     assert newest_artifact_version(cfg) == 3
+
+
+def test_pruning_keeps_the_newest_keep_versions_and_nothing_else_of_the_folder(tmp_path: Path) -> None:
+    cfg = Config(data_dir=tmp_path, run="r", artifacts={"keep_versions": 2}, inference={"keep_versions": 2})
+    for version in range(1, 6):
+        with atomic_dir(adapter_dir(cfg, version)) as tmp:
+            (tmp / "adapter.bin").write_bytes(b"w")
+    (artifacts_dir(cfg) / "notes").mkdir()  # not a version folder: left alone
+    assert prune_artifacts(cfg, 5) == [1, 2, 3]
+    assert sorted(p.name for p in artifacts_dir(cfg).iterdir()) == ["notes", "v000004", "v000005"]
+    assert newest_artifact_version(cfg) == 5  # the next version's number survives a restart
+    assert prune_artifacts(cfg, 5) == []
 
 
 def test_model_fingerprint_covers_config_and_weights_only_and_is_cached(tmp_path: Path) -> None:

@@ -11,8 +11,10 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from distrl_stream.artifacts import dir_size, fetch, publish, sha256_dir
 from distrl_stream.artifacts.transport import (
@@ -26,7 +28,7 @@ from distrl_stream.artifacts.transport import (
     publish_chunks,
 )
 from distrl_stream.config import Config, load_config
-from distrl_stream.errors import ArtifactError, ArtifactIntegrityError
+from distrl_stream.errors import ArtifactError, ArtifactIntegrityError, ArtifactUploadError
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics, run_topic_specs
@@ -300,3 +302,53 @@ def test_a_chunk_without_its_headers_or_with_headers_that_are_not_utf8_is_a_corr
 
 def _offset_into(offsets: list[int]) -> Callable[[object, object], None]:
     return lambda err, msg: offsets.append(msg.offset())  # type: ignore[attr-defined]
+
+
+def test_an_upload_the_store_refuses_is_retried_with_a_backoff_then_refused_naming_the_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifacts = {"store": "memory://bucket/retries", "upload_retries": 2, "upload_backoff_s": 0.01}
+    cfg = load_config(None, run="r2", artifacts=artifacts, data_dir=tmp_path)
+    source = _adapter(tmp_path / "a")
+    put, refusals = MemoryFileSystem.put, [2]
+
+    def throttled(self: MemoryFileSystem, *args: Any, **kwargs: Any) -> Any:
+        if refusals[0]:
+            refusals[0] -= 1
+            raise OSError("503 SlowDown")
+        return put(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "put", throttled)
+    uri = publish(cfg, 1, source)  # refused twice, then stored
+    got = fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source))
+    assert sha256_dir(got) == sha256_dir(source) and refusals == [0]
+    refusals[0] = 3
+    with pytest.raises(ArtifactUploadError, match=r"v000002 \(3 attempts\): OSError: 503 SlowDown"):
+        publish(cfg, 2, source)
+
+
+def test_storage_options_reach_the_object_stores_filesystem_on_upload_and_download(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = {"secret": "s3cret", "endpoint_url": "http://minio"}
+    store = {"store": "memory://bucket/options", "storage_options": options}
+    cfg = load_config(None, run="r3", artifacts=store, data_dir=tmp_path)
+    seen: list[dict[str, Any]] = []
+    put, get_file = MemoryFileSystem.put, MemoryFileSystem.get_file
+
+    def put_seen(self: MemoryFileSystem, *args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(self.storage_options))
+        return put(self, *args, **kwargs)
+
+    def get_seen(self: MemoryFileSystem, *args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(self.storage_options))
+        return get_file(self, *args, **kwargs)
+
+    monkeypatch.setattr(MemoryFileSystem, "put", put_seen)
+    monkeypatch.setattr(MemoryFileSystem, "get_file", get_seen)
+    source = _adapter(tmp_path / "a")
+    uri = publish(cfg, 1, source)
+    assert "s3cret" not in uri
+    storage_options = cfg.artifacts.storage_options_values()
+    fetch(uri, tmp_path / "b", sha256=sha256_dir(source), size_bytes=dir_size(source), storage_options=storage_options)
+    assert seen and all(s == options for s in seen)

@@ -132,3 +132,25 @@ def test_times_are_iso_or_an_age() -> None:
     assert (now - parse_time("2h", "--since", now=now)).total_seconds() == 7200
     with pytest.raises(ConfigError, match="--until"):
         parse_time("last week", "--until")
+
+
+def test_credentials_in_urls_and_storage_options_are_masked_and_none_may_sit_in_the_store_url() -> None:
+    env = {
+        "DISTRL_INFERENCE__URLS": '["http://alice:s3cret-a@gpu-1:8000", "http://gpu-2:8000?api_key=s3cret-b"]',
+        "DISTRL_ENV__JUDGE_URL": "http://judge:s3cret-c@host:8000/v1",
+        "DISTRL_KAFKA__SCHEMA_REGISTRY_URL": "https://reg:s3cret-d@registry:8081",
+        "DISTRL_ARTIFACTS__STORE": "s3://bucket/prefix",
+        "DISTRL_ARTIFACTS__STORAGE_OPTIONS": '{"key": "s3cret-e", "secret": "s3cret-f", "endpoint_url": "http://minio"}',
+    }
+    result = runner.invoke(app, ["config", "show"], env=env)
+    assert result.exit_code == 0, result.output
+    assert "s3cret" not in result.stdout
+    shown = json.loads(result.stdout)
+    assert shown["inference"]["urls"] == ["http://alice:**********@gpu-1:8000", "http://gpu-2:8000?api_key=**********"]
+    assert shown["env"]["judge_url"] == "http://judge:**********@host:8000/v1"
+    assert shown["artifacts"]["storage_options"]["endpoint_url"] == "http://minio"
+    cfg = load_config(None, artifacts={"storage_options": {"key": "k", "secret": "s", "client_kwargs": {"token": "t"}}})
+    assert cfg.artifacts.storage_options_values() == {"key": "k", "secret": "s", "client_kwargs": {"token": "t"}}
+    # The store's URL is on every weight-version event: credentials there are refused, without echoing them.
+    result = runner.invoke(app, ["config", "show"], env={"DISTRL_ARTIFACTS__STORE": "https://u:p4ss@store.lab/x"})
+    assert result.exit_code == 2 and "artifacts.store" in result.output and "p4ss" not in result.output

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from typer.testing import CliRunner
 
+from distrl_stream import collector
 from distrl_stream.cli.main import app
+from distrl_stream.collector import CollectorReport
 from distrl_stream.config import CollectorConfig, load_config
 from distrl_stream.errors import ConfigError
 
@@ -58,3 +62,31 @@ def test_collector_section_comes_from_the_environment_and_is_validated(monkeypat
     monkeypatch.setenv("DISTRL_COLLECTOR__ON_ERROR", "ignore")
     with pytest.raises(ConfigError, match=r"collector\.on_error"):
         load_config()
+
+
+def test_a_collector_that_could_not_work_exits_1_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`up` reports a child's non-zero exit with the first error line of its log: this line."""
+    failed = CollectorReport(
+        collector_id="c0",
+        mode="async",
+        episodes=0,
+        by_termination={},
+        published=0,
+        delivered=0,
+        dropped=0,
+        publish_failures=0,
+        undelivered=0,
+        abandoned_ids=(),
+        rounds=0,
+        duration_s=1.0,
+        stop_reason="failed: slot 0: KafkaAuthenticationError: SASL authentication failed",
+        failure="slot 0: KafkaAuthenticationError: SASL authentication failed",
+    )
+    monkeypatch.setattr(collector, "run_collector", lambda cfg: failed)
+    result = runner.invoke(app, ["collect"])
+    assert result.exit_code == 1, result.output
+    assert result.output.splitlines()[-1] == (
+        "error: collector c0 could not collect: slot 0: KafkaAuthenticationError: SASL authentication failed"
+    )
+    monkeypatch.setattr(collector, "run_collector", lambda cfg: dataclasses.replace(failed, failure=None))
+    assert runner.invoke(app, ["collect"]).exit_code == 0

@@ -12,10 +12,12 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from distrl_stream.collector import run_episode
+from distrl_stream.envs.base import Observation
 from distrl_stream.envs.sim import SimEnv, sim_tasks
 from distrl_stream.envs.sim.env import observe
-from distrl_stream.events import Termination, TrajectoryEvent
+from distrl_stream.events import Termination, TrajectoryEvent, decode, encode
 from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
+from distrl_stream.learner.records import episode_from_event
 from distrl_stream.policy.logprobs import text_tokenizer
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.prompt import ImagePrompt, Prompt, Prompter
@@ -80,3 +82,37 @@ def test_a_vision_policy_is_prompted_with_each_screen_and_its_claim_check(tmp_pa
     policy, outcome = play(SimEnv())
     assert outcome.termination is Termination.ENV_ERROR and not policy.prompts
     assert outcome.error == "observe: no screenshot of the screen for a policy that reads them"
+
+
+class _FirstScreenWithoutCandidates(SimEnv):
+    """The simulator, listing no candidates for its first screen (as an env that cannot enumerate a screen's)."""
+
+    hidden: list[str] | None = None
+
+    def candidates(self, observation: Observation) -> list[str]:
+        candidates = super().candidates(observation)
+        if self.hidden is None:
+            self.hidden = candidates
+            return []
+        return candidates
+
+
+def test_a_screen_without_candidates_is_asked_in_free_mode_and_its_step_says_so(tiny_model_dir: Path) -> None:
+    env = _FirstScreenWithoutCandidates()
+    asked: list[str] = []
+
+    class Oracle(ScriptedPolicy):
+        async def act(self, prompt: Prompt, candidates: Sequence[str] | None = None, *, mode: str = "choice") -> Any:
+            asked.append(mode)
+            return await super().act(prompt, candidates or env.hidden, mode=mode)
+
+    policy = Oracle(env, AutoTokenizer.from_pretrained(tiny_model_dir), noise=0.0, rng=random.Random(0))
+    task = sim_tasks("train", 1, ["take_photo"])[0]
+    outcome = asyncio.run(run_episode(env, task, policy, "choice", episode_id="e"))
+    event = outcome.to_event(run="r", collector_id="c", mode="choice", base_model="tiny")
+    assert outcome.termination is Termination.SUCCESS and asked == ["free", "choice"]
+    # The learner takes the episode whole (not a dead letter for "choice mode without candidates"), each step in the
+    # mode it was asked in.
+    episode = episode_from_event(decode(encode(event), expect=TrajectoryEvent))
+    assert [s.mode for s in episode.steps] == asked
+    assert episode.steps[0].choices is None and episode.steps[1].choices == event.steps[1].candidates != []

@@ -7,6 +7,7 @@ YES, NO, slowly, with garbage, or with an HTTP error. The client code under test
 
 from __future__ import annotations
 
+import base64
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -148,3 +149,17 @@ async def test_every_step_mode_asks_after_each_valid_step_and_ends_on_yes(judge_
     result = await env.step('{"action_type":"click","index":0}')
     assert len(judge_server.requests) == 2 and result.done and result.reward == 1.0
     await env.close()
+
+
+async def test_credentials_in_the_judge_url_go_as_basic_auth_and_never_into_messages(judge_server: FakeJudge) -> None:
+    url = judge_server.url.replace("http://", "http://judge:s3cret@")
+    judge = LLMJudge(url, "m", timeout_s=5)
+    assert (await judge.evaluate(sim_tasks("train", 1)[0], OBS, [])).success
+    await judge.aclose()
+    assert judge_server.requests[0]["auth"] == "Basic " + base64.b64encode(b"judge:s3cret").decode()
+    judge_server.status = 503
+    judge = LLMJudge(url, "m", timeout_s=5)
+    with pytest.raises(JudgeError) as info:
+        await judge.evaluate(sim_tasks("train", 1)[0], OBS, [])
+    await judge.aclose()
+    assert "s3cret" not in str(info.value) and "judge:**********@" in str(info.value)

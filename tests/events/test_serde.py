@@ -61,6 +61,7 @@ def test_trajectory_round_trip_keeps_optional_fields_enums_and_tensors() -> None
             "policy_version": 3,
             "server": "http://gpu-1:8000",
             "adapter_sha256": "cd" * 32,
+            "mode": "free",
         }
     )
     event = TrajectoryEvent(
@@ -236,5 +237,6 @@ def test_trajectories_written_with_version_2_read_with_version_3_without_prompt_
     events = [decode(b, expect=TrajectoryEvent) for b in blobs]
     assert all(s.prompt_token_ids is None for e in events for s in e.steps)
     assert all(s.server == "" and s.token_ids.dtype == "int32" for e in events for s in e.steps)
-    # Written again, they are version 3 records.
-    assert {struct.unpack(">I", encode(e)[1:5])[0] for e in events} == {8}
+    assert all(s.mode is None for e in events for s in e.steps)
+    # Written again, they are records of the newest version.
+    assert {struct.unpack(">I", encode(e)[1:5])[0] for e in events} == {9}

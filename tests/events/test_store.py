@@ -24,7 +24,7 @@ def test_ids_are_those_of_the_manifest() -> None:
     assert {(e.id, e.name, e.version) for e in store} == {
         (m["id"], m["name"], m["version"]) for m in manifest["schemas"]
     }
-    assert store.latest("distrl.TrajectoryEvent").id == 8
+    assert store.latest("distrl.TrajectoryEvent").id == 9
     assert store.latest("distrl.MetricEvent").version == 2
 
 
@@ -62,7 +62,7 @@ def test_editing_a_nested_record_invalidates_the_event_that_embeds_it(tmp_path: 
     schema = json.loads(path.read_text())
     schema["fields"][1]["type"] = "bytes"
     path.write_text(json.dumps(schema))
-    with pytest.raises(SchemaStoreError, match="schema id 8 "):
+    with pytest.raises(SchemaStoreError, match="schema id 9 "):
         SchemaStore.load(schemas)
 
 

@@ -474,3 +474,57 @@ async def test_a_chat_answer_that_cannot_be_read_raises_and_errors_name_the_chat
     async with InferenceClient(_pool_cfg(failing)) as client:
         with pytest.raises(InferenceUnavailableError, match="POST /v1/chat/completions failed on every server"):
             await asyncio.wait_for(client.act(_image_prompt(), CHOICES), 30)
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (b"<html>502 Bad Gateway</html>", "not JSON"),
+        (b"[1, 2]", "not a model list"),
+        (b'{"data": ["policy-v0"]}', "not a model list"),
+    ],
+)
+async def test_a_version_listing_that_cannot_be_read_is_a_failed_server_not_a_crash(answer: bytes, reason: str) -> None:
+    """What a proxy or another API on the port answers: an InferenceError the collector rides out, never a
+    ValueError or AttributeError that ends its slot."""
+
+    class Garbled(JsonHandler):
+        def do_GET(self) -> None:
+            self.send_bytes(200, answer)
+
+    with BackgroundHttpServer(Garbled) as garbled:
+        async with InferenceClient(InferenceConfig(url=garbled.url, retries=0)) as client:
+            with pytest.raises(InferenceUnavailableError, match=f"GET /v1/models failed on every server .*{reason}"):
+                await asyncio.wait_for(client.refresh_versions(), 30)
+
+
+async def test_credentials_in_a_server_url_go_as_basic_auth_and_are_masked_wherever_the_url_is_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What a collector logs, labels its metrics with and records as each step's server (on the trajectory topic)."""
+    expected = "Basic " + base64.b64encode(b"alice:s3cret").decode()
+
+    class Guarded(JsonHandler):
+        def do_GET(self) -> None:
+            if self.headers.get("Authorization") != expected:
+                self.send_json(401, {"error": "who are you"})
+                return
+            self.send_json(200, {"object": "list", "data": [{"id": "policy-v0", "root": "/models/tiny"}]})
+
+        def do_POST(self) -> None:
+            body = self.read_json()
+            if self.headers.get("Authorization") != expected:
+                self.send_json(401, {"error": "who are you"})
+                return
+            logprobs = {"tokens": ["a"], "token_logprobs": [-0.5]}
+            choice = {"text": CHOICES[0], "token_ids": [5], "logprobs": logprobs, "finish_reason": "stop"}
+            self.send_json(200, {"model": body["model"], "choices": [choice]})
+
+    caplog.set_level("DEBUG")
+    with BackgroundHttpServer(Guarded) as guarded:
+        url = guarded.url.replace("http://", "http://alice:s3cret@")
+        async with InferenceClient(InferenceConfig(url=url, retries=0)) as client:
+            result = await asyncio.wait_for(client.act("prompt", CHOICES), 30)
+        masked = guarded.url.replace("http://", "http://alice:**********@")
+        assert result.server == masked and client.urls == (masked,)
+    assert "s3cret" not in caplog.text

@@ -181,13 +181,15 @@ def closed_port() -> int:
 def test_an_unreachable_registry_is_one_line_within_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("distrl_stream.kafka.registry._serdes", {})
     monkeypatch.setattr("distrl_stream.events.serde._default", default_serde())
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://reg:s3cret@127.0.0.1:{closed_port()}"
     start = time.monotonic()
     with pytest.raises(RegistryUnavailableError) as info:
         use_schemas(KafkaConfig(schema_registry_url=url, schema_registry_timeout_s=2)).register(TOPICS)
     assert time.monotonic() - start < 10
     message = str(info.value)
-    assert url in message and "cannot be reached" in message and "\n" not in message
+    assert "cannot be reached" in message and "\n" not in message
+    # The URL is named with its password masked.
+    assert url.replace("s3cret", "**********") in message and "s3cret" not in message
 
 
 class RecordingRegistry(JsonHandler):
@@ -252,4 +254,4 @@ def test_registry_settings_are_config_fields_and_the_credentials_stay_masked() -
 def test_without_a_registry_url_the_static_ids_remain() -> None:
     serde = use_schemas(KafkaConfig())
     assert type(serde) is Serde and default_serde() is serde
-    assert serde.schema_id(TrajectoryEvent) == 8
+    assert serde.schema_id(TrajectoryEvent) == 9

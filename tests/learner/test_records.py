@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from distrl_stream.errors import ActionConstraintError, TrajectoryError
 from distrl_stream.events import Tensor, Termination, TrajectoryEvent
-from distrl_stream.learner.records import episode_from_event
+from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.policy.logprobs import ChoiceConstraint
 from distrl_stream.testing.samples import png, sample_trajectory, with_screenshots
 from tests.learner.simdata import sim_events
@@ -85,6 +85,8 @@ def test_free_mode_drops_candidates() -> None:
         (lambda ev: _step0(ev, candidates=[]), "without candidates"),
         (lambda ev: _step0(ev, policy_version=-1), "negative policy version"),
         (lambda ev: dataclasses.replace(ev, mode="telepathy"), "unknown mode"),
+        (lambda ev: _step0(ev, mode="telepathy"), "step 0 has unknown mode 'telepathy'"),
+        (lambda ev: _step0(ev, candidates=[], mode="choice"), "step 0: choice mode without candidates"),
     ],
 )
 def test_unusable_events_raise_trajectory_error(breakage, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -127,6 +129,25 @@ def test_choice_tokens_are_checked_step_by_step_and_free_mode_is_not() -> None:
     checked.clear()
     episode_from_event(dataclasses.replace(ev, mode="free"), check_action=check)
     assert checked == []
+
+
+def test_a_free_step_of_a_choice_episode_is_kept_and_recomputed_in_free_mode() -> None:
+    """A choice-mode screen without candidates is asked in free mode (collector/episode.py); its step says so."""
+    ev = _step0(event(3), candidates=[], mode="free")
+    checked: list[tuple[str, ...]] = []
+    ep = episode_from_event(ev, check_action=lambda candidates, _ids: checked.append(tuple(candidates)))
+    assert [s.mode for s in ep.steps] == ["free", "choice", "choice"]
+    assert ep.steps[0].choices is None and ep.steps[1].choices == ev.steps[1].candidates
+    assert checked == [tuple(s.candidates) for s in ev.steps[1:]]  # the free step is not checked as a choice
+    # A free step keeps no candidates, whatever it carries; steps written before TrajectoryEvent v4 (mode None)
+    # take the episode's mode.
+    assert episode_from_event(_step0(event(3), mode="free")).steps[0].candidates == ()
+    assert [s.mode for s in episode_from_event(event(2, mode="free")).steps] == ["free", "free"]
+    # A checkpoint written before steps had a mode restores them in their episode's.
+    saved = episode_from_event(event(2, mode="free")).to_dict()
+    for step in saved["steps"]:
+        del step["mode"]
+    assert [s.mode for s in EpisodeRecord.from_dict(saved).steps] == ["free", "free"]
 
 
 def test_the_learners_choice_constraint_accepts_collected_tokens_and_refuses_others(tiny_model_dir: Path) -> None:

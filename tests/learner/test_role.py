@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fsspec.implementations.memory import MemoryFileSystem
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
@@ -540,3 +541,43 @@ def test_a_vision_learner_updates_on_screenshots_and_dead_letters_a_missing_or_a
     [event] = weight_events(cfg)[:1]
     config = json.loads((adapter_dir(cfg, event.version) / "adapter_config.json").read_text())
     assert config["target_modules"].startswith("model\\.text_model\\.")
+
+
+def test_an_object_store_outage_costs_versions_not_the_learner(
+    make_config: Callable[..., Config],
+    tiny_model_dir: Path,
+    started: Callable[[Config], Learner],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    artifacts = {"store": "memory://bucket/outage", "upload_retries": 1, "upload_backoff_s": 0.01}
+    cfg = make_config(model={"base": tiny_model_dir}, artifacts=artifacts)
+    learner = started(cfg)
+    put = MemoryFileSystem.put
+
+    def down(self: MemoryFileSystem, *args: object, **kwargs: object) -> None:
+        raise PermissionError("403 AccessDenied")
+
+    monkeypatch.setattr(MemoryFileSystem, "put", down)
+    learner._publish_through_outages()  # what the run loop calls every updates_per_version updates
+    assert learner.version == 0 and weight_events(cfg) == []
+    assert learner.metrics()["versions_not_uploaded"] == 1
+    monkeypatch.setattr(MemoryFileSystem, "put", put)
+    learner._publish_through_outages()
+    # The lost version's number is not reused: its adapter stays on the learner's disk.
+    assert [e.version for e in weight_events(cfg)] == [2] and learner.version == 2
+    assert learner.metrics()["versions_not_uploaded"] == 1
+
+
+def test_the_artifact_folder_keeps_the_newest_keep_versions_a_server_may_still_fetch(
+    make_config: Callable[..., Config], tiny_model_dir: Path, started: Callable[[Config], Learner], tmp_path: Path
+) -> None:
+    cfg = make_config(model={"base": tiny_model_dir}, artifacts={"store": "file", "keep_versions": 2})
+    learner = started(cfg)
+    events = [learner.publish() for _ in range(3)]
+    assert not adapter_dir(cfg, 1).exists()
+    for event in events[1:]:  # what a file:// server fetches is there, whole
+        assert event is not None
+        fetched = fetch(
+            event.adapter_uri, tmp_path / f"v{event.version}", sha256=event.sha256, size_bytes=event.size_bytes
+        )
+        assert sha256_dir(fetched) == event.sha256
