@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from distrl_stream import pacing
+from distrl_stream.artifacts import base_fingerprint
 from distrl_stream.collector.episode import EpisodeOutcome, policy_env, run_episode
 from distrl_stream.collector.metrics import CollectorMetrics
 from distrl_stream.collector.published import PublishedVersions
@@ -57,7 +58,7 @@ from distrl_stream.inference.client import InferenceClient
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.policy.model_dir import load_prompter
+from distrl_stream.policy.model_dir import load_prompter, resolve_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class Collector:
         self._client: InferenceClient | None = None
         self._published: PublishedVersions | None = None
         self._limiter: InsertLimiter | None = None
+        self._base_fingerprint = ""  # of model.base, taken at start; "" for a local model (not built here)
         self._limit_checked_at = -math.inf
         self.prometheus = CollectorMetrics(
             cfg.run,
@@ -231,6 +233,10 @@ class Collector:
             ready = ready and await self._until_ready(f"reading {self.topics.weights}", self._published.start)
         if limited:
             self._limiter = InsertLimiter(self.cfg, f"collector-{self.collector_id}-inserts")
+        if self.cfg.model.base is not None:
+            # Recorded on every trajectory: the learner tells another model in a folder of the same name apart.
+            model_dir = resolve_model_dir(self.cfg)
+            self._base_fingerprint = await asyncio.to_thread(base_fingerprint, self.cfg, model_dir)
         if self._sampler is None:
             seed = stable_int(f"{self.cfg.env.seed}:{self.collector_id}")
             self._sampler = await asyncio.to_thread(make_sampler, self.cfg.env, settings.split, seed=seed)
@@ -616,7 +622,11 @@ class Collector:
 
     def _trajectory(self, outcome: EpisodeOutcome) -> TrajectoryEvent:
         return outcome.to_event(
-            run=self.cfg.run, collector_id=self.collector_id, mode=self.mode, base_model=self.cfg.model.base_model_id
+            run=self.cfg.run,
+            collector_id=self.collector_id,
+            mode=self.mode,
+            base_model=self.cfg.model.base_model_id,
+            base_fingerprint=self._base_fingerprint,
         )
 
     # --- Kafka -----------------------------------------------------------------------------------------------

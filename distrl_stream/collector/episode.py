@@ -81,7 +81,9 @@ class EpisodeOutcome:
         """Sum of the steps' rewards."""
         return sum(step.reward for step in self.steps)
 
-    def to_event(self, *, run: str, collector_id: str, mode: Mode, base_model: str) -> TrajectoryEvent:
+    def to_event(
+        self, *, run: str, collector_id: str, mode: Mode, base_model: str, base_fingerprint: str = ""
+    ) -> TrajectoryEvent:
         """The trajectory event that publishes this episode (key: ``episode_id``)."""
         return TrajectoryEvent(
             run=run,
@@ -102,6 +104,7 @@ class EpisodeOutcome:
             steps=self.steps,
             final_observation=self.final_observation,
             final_candidates=self.final_candidates,
+            base_fingerprint=base_fingerprint,
         )
 
 

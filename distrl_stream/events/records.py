@@ -174,6 +174,8 @@ class TrajectoryEvent:
     ``Step.prompt_token_ids`` (v3): the prompt as the server tokenised it; None in records written before.
     ``Step.mode`` (v4): how the step's action was asked, ``choice`` or ``free`` (a choice-mode screen without
     candidates is asked in free mode); None in records written before, where the episode's ``mode`` holds.
+    ``base_fingerprint`` (v4): the acting base model's fingerprint (config and weight files), so a learner tells a
+    different model in a folder of the same name apart; "" when unknown.
     """
 
     AVRO_NAME: ClassVar[str] = "distrl.TrajectoryEvent"
@@ -196,6 +198,7 @@ class TrajectoryEvent:
     steps: list[Step]
     final_observation: str | None = None
     final_candidates: list[str] = field(default_factory=list)
+    base_fingerprint: str = ""
 
     def to_avro(self) -> dict[str, Any]:
         """The record as the dict fastavro writes."""

@@ -213,6 +213,7 @@ def episode_from_event(
     event: TrajectoryEvent,
     *,
     base_model: str | None = None,
+    base_fingerprint: str = "",
     check_action: ActionCheck | None = None,
     screenshots: bool = False,
     vocab_size: int | None = None,
@@ -228,6 +229,8 @@ def episode_from_event(
         event: the trajectory.
         base_model: the learner's base model id (``ModelConfig.base_model_id``, what collectors record); an episode
             acted by another base is refused. None: not checked.
+        base_fingerprint: the learner's base model fingerprint: an episode that records another one (a different
+            model in a folder of the same name) is refused. "" (or an episode without one): not checked.
         check_action: the learner's choice constraint (:data:`ActionCheck`); a choice-mode step whose tokens it
             refuses is refused here rather than at the first update that computes log π on it. None: not checked.
         screenshots: the learner's policy reads screenshots: every step's is read back and verified here
@@ -250,6 +253,12 @@ def episode_from_event(
         raise TrajectoryError(
             f"episode {event.episode_id!r} was acted by base model {event.base_model!r}, "
             f"not by this learner's {base_model!r}"
+        )
+    if base_fingerprint and event.base_fingerprint and event.base_fingerprint != base_fingerprint:
+        raise TrajectoryError(
+            f"episode {event.episode_id!r} was acted by base model {event.base_model!r} with fingerprint "
+            f"{event.base_fingerprint[:16]}…, not by this learner's (fingerprint {base_fingerprint[:16]}…): another "
+            "model in a folder of the same name"
         )
     if event.mode not in ("choice", "free"):
         raise TrajectoryError(f"episode {event.episode_id!r} has unknown mode {event.mode!r}")

@@ -234,7 +234,8 @@ class Learner:
         self._metrics_producer = Producer(self.cfg.kafka, client_id=f"learner-{self.member_id}-metrics")
         model_dir = self._model_dir or resolve_model_dir(self.cfg)
         self._model_dir = model_dir
-        self._base_fingerprint = base_fingerprint(self.cfg, model_dir) if self.membership.writer else ""
+        # Every member: its versions carry it (the writer's) and its ingest checks episodes against it.
+        self._base_fingerprint = base_fingerprint(self.cfg, model_dir)
         # Rank 0 decides, so every member resumes from the same checkpoint within the same generation.
         checkpoint, self._generation = self.group.broadcast((self.store.latest(), uuid.uuid4().hex))
         if self.membership.writer:
@@ -428,6 +429,7 @@ class Learner:
         episode = episode_from_event(
             event,
             base_model=self.cfg.model.base_model_id,
+            base_fingerprint=self._base_fingerprint,
             check_action=self.trainer.constraint.allowed,
             screenshots=self.trainer.prompter.vision,
             vocab_size=self.trainer.vocab_size,

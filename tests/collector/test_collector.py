@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from distrl_stream.artifacts import sha256_dir
+from distrl_stream.artifacts import model_fingerprint, sha256_dir
 from distrl_stream.collector import Collector
 from distrl_stream.config import Config, InferenceConfig, ModelConfig
 from distrl_stream.envs import Observation, SimEnv, Task, task_pool
@@ -48,7 +48,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.vllm]
 async def test_eight_envs_publish_complete_trajectories_that_match_the_envs_and_the_server(
     collector_config: Callable[..., Config], vllm_server: VllmService
 ) -> None:
-    cfg = collector_config(collector={"envs": 8, "max_episodes": 16})
+    cfg = collector_config(model={"base": vllm_server.model_dir}, collector={"envs": 8, "max_episodes": 16})
     report = await asyncio.wait_for(Collector(cfg).run(), 180)
 
     assert report.episodes == 16 and report.published == report.delivered == 16 and report.abandoned == 0
@@ -59,6 +59,8 @@ async def test_eight_envs_publish_complete_trajectories_that_match_the_envs_and_
     for event in events:
         assert_complete(event, cfg)
         assert event.termination in ENDED and event.collector_id == report.collector_id and event.mode == "choice"
+        # The base model's fingerprint, with which the learner tells a same-named other model apart.
+        assert event.base_fingerprint == model_fingerprint(vllm_server.model_dir)
         # Replay the recorded actions on a fresh simulator: every observation, candidate list and outcome agrees.
         task = pool[event.task_id]
         assert (event.task_template, event.instruction) == (task.template, task.instruction)

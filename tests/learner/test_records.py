@@ -115,6 +115,18 @@ def test_an_episode_of_another_base_model_is_refused_naming_both() -> None:
     assert episode_from_event(ev, base_model="other-base").episode_id == ev.episode_id
 
 
+def test_an_episode_of_another_model_in_a_folder_of_the_same_name_is_refused_by_its_fingerprint() -> None:
+    ours, theirs = "a" * 64, "b" * 64
+    ev = dataclasses.replace(event(2), base_model="tiny", base_fingerprint=theirs)
+    refused = r"fingerprint b{16}…, not by this learner.s \(fingerprint a{16}…\): another model in a folder"
+    with pytest.raises(TrajectoryError, match=refused):
+        episode_from_event(ev, base_model="tiny", base_fingerprint=ours)
+    assert len(episode_from_event(ev, base_model="tiny", base_fingerprint=theirs)) == len(ev.steps)
+    # Unknown on either side (a local model, a record before v4): the name is all there is to compare.
+    assert len(episode_from_event(dataclasses.replace(ev, base_fingerprint=""), base_fingerprint=ours)) == 2
+    assert len(episode_from_event(ev, base_model="tiny")) == 2
+
+
 def test_choice_tokens_are_checked_step_by_step_and_free_mode_is_not() -> None:
     checked: list[tuple[tuple[str, ...], tuple[int, ...]]] = []
 
