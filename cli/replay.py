@@ -4,6 +4,7 @@ offline-to-online training, without ever joining the learner's consumer group.""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -324,3 +325,59 @@ def learn_from_replay(
         replay_algorithm=replay_algorithm,
         verbose=verbose,
     )
+
+
+@app.command("explore")
+def explore(
+    config: ConfigOption = None,
+    run: RunOption = None,
+    bootstrap: BootstrapOption = None,
+    data_dir: Annotated[Path | None, field_option("data_dir", "--data-dir")] = None,
+    host: Annotated[
+        str,
+        typer.Option(
+            "--host",
+            help="Address to serve on. Anything but a loopback address needs --token (reach it through "
+            "an SSH tunnel instead: docs/replay.md).",
+        ),
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to serve on (0: any free one).", min=0, max=65535)] = 8765,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            envvar="DISTRL_EXPLORER_TOKEN",
+            help="Secret every request must carry (open the page once with ?token=TOKEN; it becomes a cookie). "
+            "Required with a --host that is not a loopback address.",
+            show_default="none",
+        ),
+    ] = None,
+    index: Annotated[
+        Path | None,
+        typer.Option(
+            "--index",
+            help="The explorer's SQLite index (rebuilt from Kafka when missing or stale).",
+            show_default="DATA_DIR/runs/RUN/explorer.sqlite",
+            dir_okay=False,
+        ),
+    ] = None,
+) -> None:
+    """A local, read-only web app over the run: versions, a filterable episode table, each episode step by step
+    (screenshots, candidates, actions, log-probs, lag, latencies), dead letters, all following the topics live.
+
+    It reads the topics the way replay does, never through a consumer group; Ctrl-C stops it.
+    """
+    from distrl_stream.explorer import Explorer
+
+    cfg = build_config(config, run=run, data_dir=data_dir, kafka={"bootstrap_servers": bootstrap})
+    explorer = run_command(
+        Explorer, cfg.kafka, cfg.run, index or cfg.run_dir / "explorer.sqlite", host=host, port=port, token=token
+    )
+    url = run_command(explorer.start)
+    typer.echo(f"run {cfg.run}: {url}{'?token=…' if token else ''} (Ctrl-C stops it)")
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        explorer.stop()
