@@ -4,8 +4,7 @@ offset range of each partition it holds, so that filters, counts and sorting nev
 The log stays the source of truth (docs/design.md §10, "The run explorer"): the index holds no step, no observation
 and no screenshot, only what a table row and a filter need plus each episode's ``(partition, offset)``, from which the
 episode page reads the record itself. It is rebuilt from Kafka whenever it is missing, written by another format, for
-another run or cluster, or stale (a partition now ends before the offsets it recorded: the topic was deleted and
-created again).
+another run or cluster, or stale (a topic's id changed: it was deleted and created again).
 """
 
 from __future__ import annotations
@@ -322,6 +321,17 @@ class Index:
             db.execute(f"DROP TABLE IF EXISTS {table}")
 
     # --- written by the tailer ---
+
+    def topic_ids(self) -> dict[str, str]:
+        """Topic name -> the cluster's id of the topic the index was filled from ({} before the first fill)."""
+        with self.connect() as db:
+            found = db.execute("SELECT value FROM meta WHERE key = 'topic_ids'").fetchone()
+        return {} if found is None else json.loads(found[0])
+
+    def set_topic_ids(self, ids: Mapping[str, str]) -> None:
+        """Record which topics (by the cluster's ids) the index is filled from."""
+        with self.connect() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('topic_ids', ?)", (json.dumps(dict(ids), sort_keys=True),))
 
     def progress(self, topic: str) -> dict[int, tuple[int, int]]:
         """Partition -> (lo, hi): the offsets ``[lo, hi)`` of ``topic`` already indexed."""

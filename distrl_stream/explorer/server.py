@@ -27,7 +27,7 @@ from distrl_stream.errors import ConfigError, DistrlError, EventDecodeError, Kaf
 from distrl_stream.events import TrajectoryEvent, epoch_ms
 from distrl_stream.events.screenshots import read_screenshot
 from distrl_stream.explorer import pages
-from distrl_stream.explorer.index import Filters, Index
+from distrl_stream.explorer.index import PAGE_SIZE, Filters, Index
 from distrl_stream.explorer.tailer import Tailer, read_record
 from distrl_stream.kafka.registry import use_schemas
 
@@ -77,7 +77,7 @@ class Explorer:
         host: str = "127.0.0.1",
         port: int = 8765,
         token: str | None = None,
-        first_chunk: int = 100,
+        first_chunk: int = PAGE_SIZE,
         timeout_s: float = 10.0,
     ) -> None:
         if not is_loopback(host) and not token:

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import EventDecodeError, KafkaClientError
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, epoch_ms
-from distrl_stream.explorer.index import Coverage, DeadLetterRow, EpisodeRow, Index, dead_letter_row
+from distrl_stream.explorer.index import PAGE_SIZE, Coverage, DeadLetterRow, EpisodeRow, Index, dead_letter_row
+from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
@@ -40,7 +41,8 @@ class Tailer:
         kafka: cluster address and client properties.
         run: the run whose topics are read.
         index: the index it fills.
-        first_chunk: records of each trajectories partition indexed first (the newest).
+        first_chunk: records of each trajectories partition indexed first (the newest). A page's worth is enough:
+            the newest page of the topic is among the newest page of each partition.
         backfill_chunk: records of each partition read per step backwards through the history.
         timeout_s: bound on each metadata request (a broker that does not answer fails :meth:`open` after it).
     """
@@ -51,7 +53,7 @@ class Tailer:
         run: str,
         index: Index,
         *,
-        first_chunk: int = 100,
+        first_chunk: int = PAGE_SIZE,
         backfill_chunk: int = 500,
         timeout_s: float = 10.0,
     ) -> None:
@@ -73,8 +75,11 @@ class Tailer:
             )
         }
         self._backfill = Consumer(kafka, client_id="distrl-explorer-backfill")
+        # Watermarks asked of a client that fetches nothing: a fetching consumer answered in up to 2 s (measured).
+        self._probe = Consumer(kafka, client_id="distrl-explorer-watermarks")
         self._ranges: dict[str, Ranges] = {}
         self._marks: dict[int, tuple[int, int]] = {}
+        self._opened_at: dict[int, int] = {}  # partition -> its end when open() ran
         self._known: list[tuple[int, int]] = []  # (created ms, version), by time: when each version came to exist
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -85,39 +90,38 @@ class Tailer:
         Raises:
             KafkaClientError: a topic of the run is missing or the cluster did not answer, as one line.
         """
-        marks = {}
-        for topic, consumer in self._consumers.items():
-            try:
-                marks[topic] = consumer.watermarks(topic, timeout_s=self.timeout_s)
-            except KafkaClientError as exc:
-                if "no such topic" in str(exc) or "UNKNOWN_TOPIC" in str(exc):
-                    raise KafkaClientError(
-                        f"run {self.topics.run}: no topic {topic} on {self.kafka.bootstrap_servers} "
-                        "(see `distrl-stream topics list`)"
-                    ) from None
-                raise KafkaClientError(f"run {self.topics.run} on {self.kafka.bootstrap_servers}: {exc}") from None
-        recorded = {topic: self.index.progress(topic) for topic in marks}
-        # A partition that now ends before what was indexed: the topic was deleted and created again.
-        if any(
-            hi > marks[t][p][1] for t, ranges in recorded.items() for p, (_lo, hi) in ranges.items() if p in marks[t]
-        ):
-            log.info("explorer: the index of %s no longer matches its topics; rebuilding it", self.topics.run)
+        admin = Admin(self.kafka, timeout_s=self.timeout_s)
+        existing = admin.topics()  # one line naming the cluster when it does not answer
+        for topic in self._consumers:
+            if topic not in existing:
+                raise KafkaClientError(
+                    f"run {self.topics.run}: no topic {topic} on {self.kafka.bootstrap_servers} "
+                    "(see `distrl-stream topics list`)"
+                )
+        marks = {topic: c.watermarks(topic, timeout_s=self.timeout_s) for topic, c in self._consumers.items()}
+        ids = admin.topic_ids(list(marks))
+        if self.index.topic_ids() not in ({}, ids):
+            log.info("explorer: the topics of %s were created again since it was indexed; rebuilding", self.topics.run)
             self.index.reset()
-            recorded = {topic: {} for topic in marks}
+        self.index.set_topic_ids(ids)
+        recorded = {topic: self.index.progress(topic) for topic in marks}
         for topic, partitions in marks.items():
             newest_only = topic == self.topics.trajectories
             ranges: Ranges = {}
             for p, (low, high) in partitions.items():
-                lo, hi = recorded[topic].get(p, (0, 0) if newest_only else (low, low))
-                if p not in recorded[topic]:
+                if p in recorded[topic]:
+                    lo, hi = recorded[topic][p]
+                else:
                     lo = hi = max(low, high - self.first_chunk) if newest_only else low
                 if lo < low:  # retention deleted the oldest records since the index was written
-                    self.index.forget_below(p, low)
+                    if newest_only:
+                        self.index.forget_below(p, low)
                     lo, hi = low, max(hi, low)
                 ranges[p] = (lo, hi)
             self._ranges[topic] = ranges
             self._consumers[topic].assign_offsets(topic, {p: hi for p, (_lo, hi) in ranges.items()})
         self._marks = marks[self.topics.trajectories]
+        self._opened_at = {p: high for p, (_low, high) in self._marks.items()}
         self._known = sorted((v.created_ms, v.version) for v in self.index.versions())
         self._drain(self.topics.weights, marks[self.topics.weights])
 
@@ -131,7 +135,7 @@ class Tailer:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        for consumer in (*self._consumers.values(), self._backfill):
+        for consumer in (*self._consumers.values(), self._backfill, self._probe):
             consumer.close()
 
     def coverage(self) -> Coverage:
@@ -141,19 +145,19 @@ class Tailer:
         return self.index.coverage(self.topics.trajectories, high, low)
 
     def _run(self) -> None:
-        marks_at = 0.0
+        marks_at = time.monotonic()  # open() just read them
         while not self._stop.is_set():
             try:
                 if time.monotonic() - marks_at > 2.0:
-                    self._marks = self._consumers[self.topics.trajectories].watermarks(
-                        self.topics.trajectories, timeout_s=self.timeout_s
-                    )
+                    self._marks = self._probe.watermarks(self.topics.trajectories, timeout_s=self.timeout_s)
                     marks_at = time.monotonic()
-                behind = self._behind()
                 self._forward(self.topics.weights, 0.0)
                 self._forward(self.topics.dlq, 0.0)
-                # Waiting on the topic's end paces the loop once the history is in; before, a chunk follows at once.
-                self._forward(self.topics.trajectories, 0.0 if behind else 0.5)
+                # The newest records first: no history is read before the end known at the start is indexed. Then a
+                # chunk of history per turn, and once it is all in, waiting on the topic's end paces the loop.
+                newest_in = self._newest_in()
+                behind = newest_in and self._behind()
+                self._forward(self.topics.trajectories, 0.0 if behind else 0.1 if not newest_in else 0.5)
                 if behind:
                     self._backfill_step()
                 self.error = None
@@ -162,6 +166,11 @@ class Tailer:
                 self.error = str(exc)
                 log.warning("explorer: %s", exc)
                 self._stop.wait(1.0)
+
+    def _newest_in(self) -> bool:
+        """Whether the trajectories up to the end seen at :meth:`open` are indexed."""
+        ranges = self._ranges[self.topics.trajectories]
+        return all(ranges[p][1] >= high for p, high in self._opened_at.items() if p in ranges)
 
     def _behind(self) -> bool:
         return any(

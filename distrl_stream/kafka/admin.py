@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, KafkaException, TopicCollection, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec, ResourceType
 
 from distrl_stream.config import KafkaConfig
@@ -165,6 +165,23 @@ class Admin:
             for pid in ids
         ]
         return TopicInfo(name, partitions, config)
+
+    def topic_ids(self, names: Sequence[str]) -> dict[str, str]:
+        """Topic name -> the id the cluster gave it when it was created: a topic deleted and created again under the
+        same name gets a new one, so a reader that recorded offsets can tell they no longer apply.
+
+        Raises:
+            KafkaClientError: a topic does not exist, or the cluster did not answer.
+        """
+        futures = self.client.describe_topics(TopicCollection(list(names)), request_timeout=self.timeout_s)
+        ids = {}
+        for name, future in futures.items():
+            try:
+                ids[name] = str(self._login.result(self.client, future, self.timeout_s).topic_id)
+            except (KafkaException, TimeoutError) as exc:
+                reason = exc.args[0].str() if isinstance(exc, KafkaException) else "timed out"
+                raise KafkaClientError(f"cannot describe topic {name}: {reason}") from None
+        return ids
 
     def committed_offsets(self, group: str, topic: str, partitions: Iterable[int]) -> dict[int, int]:
         """Partition -> the offset ``group`` committed on ``topic`` (negative where it committed none), read

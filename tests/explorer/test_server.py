@@ -58,7 +58,7 @@ def test_an_unreachable_broker_fails_the_start_within_the_timeout(tmp_path: Path
         port = probe.getsockname()[1]
     explorer = Explorer(NOWHERE, "r", tmp_path / "i.sqlite", port=port, timeout_s=2.0)
     started = time.monotonic()
-    with pytest.raises(KafkaClientError, match=r"run r on 127\.0\.0\.1:1: cannot read r\.trajectories"):
+    with pytest.raises(KafkaClientError, match=r"^Kafka at 127\.0\.0\.1:1 did not answer"):
         explorer.start()
     assert time.monotonic() - started < 10
     with socket.socket() as again:  # the port was given back
