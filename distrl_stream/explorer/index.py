@@ -453,19 +453,19 @@ class Index:
             ).fetchall()
 
     def success_over_time(self, buckets: int = 8) -> tuple[list[int], list[tuple[str, int, int, int]]]:
-        """The start (epoch ms) of ``buckets`` equal spans of episode end times, and per (template, span):
-        (template, span index, episodes, successes)."""
+        """The start (epoch ms) of up to ``buckets`` equal spans of episode end times, a minute at least, and per
+        (template, span): (template, span index, episodes, successes)."""
         with self.connect() as db:
             first, last = db.execute("SELECT min(ended_ms), max(ended_ms) FROM episodes").fetchone()
             if first is None:
                 return [], []
-            width = max(1, -(-(last - first + 1) // buckets))
+            width = max(60_000, -(-(last - first + 1) // buckets))
             rows = db.execute(
                 "SELECT task_template, (ended_ms - ?) / ?, count(*), sum(success) FROM episodes "
                 "GROUP BY 1, 2 ORDER BY 1, 2",
                 (first, width),
             ).fetchall()
-        return [first + i * width for i in range(buckets)], rows
+        return [first + i * width for i in range(-(-(last - first + 1) // width))], rows
 
     def coverage(self, topic: str, high: Mapping[int, int], low: Mapping[int, int]) -> Coverage:
         """Records of ``topic`` indexed, of those between its low and high watermarks."""

@@ -139,7 +139,7 @@ def overview(
     out.append(_success_table(by_version, header=lambda v: f"v{v}", link="version"))
     starts, rows = over_time
     out.append("<h2>success by task over time (episode end, UTC)</h2>")
-    out.append(_success_table(rows, header=lambda i: when(starts[i])[5:] if i < len(starts) else str(i)))
+    out.append(_success_table(rows, header=lambda i: when(starts[i])[5:16] if i < len(starts) else str(i)))
     return "".join(out)
 
 
@@ -300,7 +300,7 @@ def episode(
         ("instruction", event.instruction),
         (
             "outcome",
-            f"{event.termination}, {'success' if event.success else 'no success'}, reward {event.total_reward:g}",
+            f"{'succeeded' if event.success else 'failed'} ({event.termination}), reward {event.total_reward:g}",
         ),
         ("collector", event.collector_id),
         ("base model", event.base_model),

@@ -26,7 +26,7 @@ from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
 
-if TYPE_CHECKING:  # for annotations only: the client itself stays behind distrl_stream/kafka (design §10)
+if TYPE_CHECKING:  # for annotations only: the client itself stays behind distrl_stream/kafka (docs/design.md §10)
     from confluent_kafka import Message
 
 log = logging.getLogger(__name__)

@@ -124,3 +124,12 @@ def test_coverage_counts_indexed_records_against_the_watermarks(index: Index) ->
     index.write({(TOPIC, 1): (40, 50)})
     coverage = index.coverage(TOPIC, high={0: 20, 1: 50}, low={0: 0, 1: 0})
     assert (coverage.indexed, coverage.total, coverage.complete) == (30, 70, False)
+
+
+def test_success_tables_count_every_episode_once(index: Index) -> None:
+    by_version = index.success_by_version()
+    assert sum(n for _t, _v, n, _s in by_version) == 20
+    assert sum(s for _t, _v, _n, s in by_version) == 4  # offsets 0, 5, 10, 15 succeeded
+    starts, over_time = index.success_over_time()
+    assert sum(n for _t, _i, n, _s in over_time) == 20
+    assert all(0 <= i < len(starts) for _t, i, _n, _s in over_time)
