@@ -136,9 +136,12 @@ class Explorer:
             self._server.server_close()
         self.tailer.stop()
 
-    def _read_episode(self, partition: int, offset: int) -> TrajectoryEvent | None:
+    def _read_episode(self, partition: int, offset: int) -> TrajectoryEvent:
+        """The trajectory at ``partition``/``offset``; KeyError when there is none (not cached: it may come)."""
         msg = read_record(self.kafka, self.tailer.topics.trajectories, partition, offset)
-        return None if msg is None else self._serde.decode(msg.value(), TrajectoryEvent)
+        if msg is None:
+            raise KeyError(f"no episode at partition {partition}, offset {offset}")
+        return self._serde.decode(msg.value(), TrajectoryEvent)
 
     def authorised(self, handler: BaseHTTPRequestHandler, query: dict[str, str]) -> bool:
         """Whether the request carries the token (always, without one)."""
@@ -215,14 +218,14 @@ def _episode(req: _Request, m: re.Match[str]) -> None:
     explorer = req.explorer
     try:
         event = explorer.read_episode(partition, offset)
+    except KeyError as exc:
+        req.error(HTTPStatus.NOT_FOUND, exc.args[0])
+        return
     except EventDecodeError as exc:
         req.error(HTTPStatus.UNPROCESSABLE_ENTITY, f"{partition} @ {offset} does not decode: {exc}")
         return
     except KafkaClientError as exc:
         req.error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
-        return
-    if event is None:
-        req.error(HTTPStatus.NOT_FOUND, f"no episode at partition {partition}, offset {offset}")
         return
     newest = max(explorer.index.newest_version_at(epoch_ms(event.ended_at)), *(s.policy_version for s in event.steps))
     screenshots = {
@@ -246,11 +249,14 @@ def _screenshot(req: _Request, m: re.Match[str]) -> None:
     try:
         event = req.explorer.read_episode(int(m["partition"]), int(m["offset"]))
         step = int(m["step"])
-        if event is None or step >= len(event.steps) or event.steps[step].screenshot_uri is None:
+        if step >= len(event.steps) or event.steps[step].screenshot_uri is None:
             req.error(HTTPStatus.NOT_FOUND, "no such screenshot")
             return
         s = event.steps[step]
         png = read_screenshot(s.screenshot_uri or "", s.screenshot_sha256 or "")
+    except KeyError as exc:
+        req.error(HTTPStatus.NOT_FOUND, exc.args[0])
+        return
     except DistrlError as exc:
         req.error(HTTPStatus.NOT_FOUND, str(exc))
         return

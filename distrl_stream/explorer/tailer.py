@@ -79,7 +79,7 @@ class Tailer:
         self._probe = Consumer(kafka, client_id="distrl-explorer-watermarks")
         self._ranges: dict[str, Ranges] = {}
         self._marks: dict[int, tuple[int, int]] = {}
-        self._opened_at: dict[int, int] = {}  # partition -> its end when open() ran
+        self._opened_at: dict[int, int] = {}  # partition -> its end when open() ran, until read that far
         self._known: list[tuple[int, int]] = []  # (created ms, version), by time: when each version came to exist
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,9 +168,18 @@ class Tailer:
                 self._stop.wait(1.0)
 
     def _newest_in(self) -> bool:
-        """Whether the trajectories up to the end seen at :meth:`open` are indexed."""
-        ranges = self._ranges[self.topics.trajectories]
-        return all(ranges[p][1] >= high for p, high in self._opened_at.items() if p in ranges)
+        """Whether the trajectories up to the end seen at :meth:`open` are read (then the history may start)."""
+        if self._opened_at:
+            topic = self.topics.trajectories
+            ranges = self._ranges[topic]
+            positions = self._consumers[topic].positions(topic, self._opened_at)
+            # A position past the end counts too: the last offsets may be markers of transactions, not records.
+            self._opened_at = {
+                p: high
+                for p, high in self._opened_at.items()
+                if high > ranges.get(p, (0, 0))[1] and high > positions.get(p, -1)
+            }
+        return not self._opened_at
 
     def _behind(self) -> bool:
         return any(

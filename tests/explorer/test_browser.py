@@ -200,6 +200,13 @@ def test_overview_and_dead_letters_show_versions_and_reasons(
     _snap(page, tmp_path, "dead-letters-source")
 
 
+def test_the_app_only_reads_and_answers_unknown_positions_with_404(explorer: Explorer) -> None:
+    assert httpx.get(explorer.url + "episode/0/999").status_code == 404
+    assert httpx.post(explorer.url + "episodes").status_code == 405
+    bad = httpx.get(explorer.url + "episodes?success=maybe")
+    assert bad.status_code == 400 and "success: &#x27;maybe&#x27; is not yes or no" in bad.text
+
+
 def test_a_token_is_required_when_set_and_traded_for_a_cookie(
     run_config: Config, recorded: list[TrajectoryEvent], tmp_path: Path
 ) -> None:
