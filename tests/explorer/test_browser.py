@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -221,16 +221,3 @@ def test_a_token_is_required_when_set_and_traded_for_a_cookie(
         assert httpx.get(app.url, headers={"Authorization": "Bearer s3cret"}).status_code == 200
     finally:
         app.stop()
-
-
-def test_explore_names_a_missing_run_in_one_line(make_config: Callable[..., Config]) -> None:
-    from typer.testing import CliRunner
-
-    from distrl_stream.cli.main import app
-
-    cfg = make_config()
-    result = CliRunner().invoke(
-        app, ["replay", "explore", "--run", cfg.run, "-b", cfg.kafka.bootstrap_servers, "--port", "0"]
-    )
-    assert result.exit_code == 1
-    assert f"no topic {cfg.run}.trajectories" in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -1,16 +1,17 @@
-"""The explorer's start-up refusals, each one line naming what to change; none needs a broker."""
+"""The explorer's start-up refusals, each one line naming what to change; only the missing run needs a broker."""
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from distrl_stream.cli.main import app
-from distrl_stream.config import KafkaConfig
+from distrl_stream.config import Config, KafkaConfig
 from distrl_stream.errors import ConfigError, KafkaClientError
 from distrl_stream.explorer.server import Explorer, is_loopback
 
@@ -38,6 +39,19 @@ def test_the_cli_says_so_in_one_line() -> None:
     assert result.stderr.strip().splitlines() == [
         "error: --token: required when binding 0.0.0.0 (not a loopback address): anyone who reaches it could read "
         "the run"
+    ]
+
+
+@pytest.mark.kafka
+def test_a_run_that_does_not_exist_is_named_in_one_line(make_config: Callable[..., Config]) -> None:
+    cfg = make_config()
+    result = CliRunner().invoke(
+        app, ["replay", "explore", "--run", cfg.run, "-b", cfg.kafka.bootstrap_servers, "--port", "0"]
+    )
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: run {cfg.run}: no topic {cfg.run}.trajectories on {cfg.kafka.bootstrap_servers} "
+        "(see `distrl-stream topics list`)"
     ]
 
 
