@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from distrl_stream.config import Config
+from distrl_stream.config import Config, load_config
 from distrl_stream.events import Termination, TrajectoryEvent, encode, event_key
 from distrl_stream.explorer import Explorer
 from distrl_stream.kafka.producer import Producer
-from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.kafka.topics import TopicNames, delete_run_topics, ensure_run_topics
 from distrl_stream.testing.samples import (
     png,
     sample_dead_letter,
@@ -71,38 +73,65 @@ def _publish(cfg: Config, topics: TopicNames, events: list[TrajectoryEvent]) -> 
         producer.flush()
 
 
-@pytest.fixture
-def recorded(run_config: Config, run_topics: TopicNames, tmp_path: Path) -> list[TrajectoryEvent]:
+def _record(cfg: Config, topics: TopicNames, shots_dir: Path) -> list[TrajectoryEvent]:
     """EPISODES episodes of two templates (the first with screenshots, the last with hostile screen text), two weight
-    versions and a dead letter pointing at the first episode."""
+    versions and a dead letter pointing at the first episode, published on ``cfg``'s run."""
     rng = random.Random(34)
     events = [
-        _episode(rng, run_config.run, template="open_setting" if i % 2 else "toggle_wifi", success=i % 3 == 0)
+        _episode(rng, cfg.run, template="open_setting" if i % 2 else "toggle_wifi", success=i % 3 == 0)
         for i in range(EPISODES)
     ]
     shots = [png((120, 200), (40 * i, 90, 160)) for i in range(3)]
     # On a thread of its own: the store's asyncio.run cannot run inside Playwright's event loop on this one.
     with ThreadPoolExecutor(1) as pool:
-        events[0] = pool.submit(with_screenshots, events[0], shots, tmp_path / "shots").result()
+        events[0] = pool.submit(with_screenshots, events[0], shots, shots_dir).result()
     hostile = [dataclasses.replace(s, observation=PAYLOAD, candidates=[PAYLOAD, s.action]) for s in events[-1].steps]
     events[-1] = dataclasses.replace(events[-1], steps=hostile, instruction=PAYLOAD, task_id=PAYLOAD)
-    _publish(run_config, run_topics, events)
-    with Producer(run_config.kafka) as producer:
+    _publish(cfg, topics, events)
+    with Producer(cfg.kafka) as producer:
         for version in (1, 2):
-            producer.produce_event(run_topics.weights, sample_weight_version(rng, version=version))
+            producer.produce_event(topics.weights, sample_weight_version(rng, version=version))
         letter = dataclasses.replace(
-            sample_dead_letter(rng, topic=run_topics.trajectories), partition=0, offset=0, error_message=PAYLOAD
+            sample_dead_letter(rng, topic=topics.trajectories), partition=0, offset=0, error_message=PAYLOAD
         )
-        producer.produce_event(run_topics.dlq, letter)
+        producer.produce_event(topics.dlq, letter)
         producer.flush()
     return events
 
 
-@pytest.fixture
-def explorer(run_config: Config, recorded: list[TrajectoryEvent], tmp_path: Path) -> Iterator[Explorer]:
+def _started(cfg: Config, index: Path, **options: Any) -> Explorer:
     """The explorer on a free port. One record per partition first, so the rest comes in through the backfill."""
-    app = Explorer(run_config.kafka, run_config.run, tmp_path / "index.sqlite", port=0, first_chunk=1)
+    app = Explorer(cfg.kafka, cfg.run, index, port=0, first_chunk=1, **options)
     app.start()
+    return app
+
+
+@pytest.fixture(scope="module")
+def recorded_run(
+    kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Config, list[TrajectoryEvent]]]:
+    """A recorded run the read-only tests share (publishing and starting it once saves seconds a test)."""
+    folder = tmp_path_factory.mktemp("explored")
+    cfg = load_config(
+        None, run=f"explored-{uuid.uuid4().hex[:8]}", kafka={"bootstrap_servers": kafka_bootstrap}, data_dir=folder
+    )
+    topics = ensure_run_topics(cfg)
+    try:
+        yield cfg, _record(cfg, topics, folder / "shots")
+    finally:
+        delete_run_topics(cfg)
+
+
+@pytest.fixture(scope="module")
+def recorded(recorded_run: tuple[Config, list[TrajectoryEvent]]) -> list[TrajectoryEvent]:
+    return recorded_run[1]
+
+
+@pytest.fixture(scope="module")
+def explorer(
+    recorded_run: tuple[Config, list[TrajectoryEvent]], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Explorer]:
+    app = _started(recorded_run[0], tmp_path_factory.mktemp("index") / "index.sqlite")
     yield app
     app.stop()
 
@@ -152,18 +181,23 @@ def test_an_episode_opens_with_its_screenshots_and_steps(
 
 
 def test_an_episode_published_while_the_page_is_open_appears_without_a_reload(
-    explorer: Explorer, run_config: Config, run_topics: TopicNames, page: Page, tmp_path: Path
+    run_config: Config, run_topics: TopicNames, page: Page, tmp_path: Path
 ) -> None:
-    page.goto(explorer.url + "episodes")
-    rows = page.locator("table.episodes tr:has(td)")
-    expect(rows).to_have_count(EPISODES, timeout=20_000)
-    page.evaluate("window.__same_document = true")
-    late = _episode(random.Random(1), run_config.run, template="late_template", success=True)
-    _publish(run_config, run_topics, [late])
-    expect(page.locator(f'a[title="{late.episode_id}"]')).to_have_count(1, timeout=15_000)
-    expect(rows).to_have_count(EPISODES + 1)
-    assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
-    _snap(page, tmp_path, "episodes-live")
+    _record(run_config, run_topics, tmp_path / "shots")  # a run of its own: the shared one stays as recorded
+    explorer = _started(run_config, tmp_path / "index.sqlite")
+    try:
+        page.goto(explorer.url + "episodes")
+        rows = page.locator("table.episodes tr:has(td)")
+        expect(rows).to_have_count(EPISODES, timeout=20_000)
+        page.evaluate("window.__same_document = true")
+        late = _episode(random.Random(1), run_config.run, template="late_template", success=True)
+        _publish(run_config, run_topics, [late])
+        expect(page.locator(f'a[title="{late.episode_id}"]')).to_have_count(1, timeout=15_000)
+        expect(rows).to_have_count(EPISODES + 1)
+        assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
+        _snap(page, tmp_path, "episodes-live")
+    finally:
+        explorer.stop()
 
 
 def test_screen_text_carrying_script_stays_text(
@@ -208,10 +242,9 @@ def test_the_app_only_reads_and_answers_unknown_positions_with_404(explorer: Exp
 
 
 def test_a_token_is_required_when_set_and_traded_for_a_cookie(
-    run_config: Config, recorded: list[TrajectoryEvent], tmp_path: Path
+    recorded_run: tuple[Config, list[TrajectoryEvent]], tmp_path: Path
 ) -> None:
-    app = Explorer(run_config.kafka, run_config.run, tmp_path / "t.sqlite", port=0, token="s3cret")
-    app.start()
+    app = _started(recorded_run[0], tmp_path / "t.sqlite", token="s3cret")
     try:
         assert httpx.get(app.url + "episodes").status_code == 401
         with httpx.Client(follow_redirects=True) as client:
