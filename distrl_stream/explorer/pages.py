@@ -329,6 +329,8 @@ def _step(i: int, step: Step, partition: int, offset: int, newest: int, screensh
         f'<li class="chosen">{esc(c)}</li>' if c == step.action else f"<li>{esc(c)}</li>" for c in step.candidates
     )
     facts = [
+        # Step.mode (TrajectoryEvent v4): a choice-mode screen without candidates is asked in free mode.
+        *([("asked in", f"{step.mode} mode")] if step.mode is not None else []),
         ("action text", step.action_text),
         ("parsed", step.action if step.valid else f"invalid: {step.invalid_reason or 'no reason recorded'}"),
         ("reward", f"{step.reward:g}{' (done)' if step.done else ''}"),

@@ -111,3 +111,10 @@ def test_filter_form_values_are_escaped() -> None:
     found = _parse(pages.filter_form(Filters.parse(query), query))
     assert "script" not in found.tags
     assert 'value="><script>alert(1)</script>' in found.attributes
+
+
+def test_a_step_asked_in_another_mode_says_so() -> None:
+    event = sample_trajectory(random.Random(6), steps=2)
+    event = dataclasses.replace(event, steps=[dataclasses.replace(event.steps[0], mode="free"), event.steps[1]])
+    html = pages.episode(event, 0, 1, newest=0, screenshots={})
+    assert html.count("<dt>asked in</dt><dd>free mode</dd>") == 1
