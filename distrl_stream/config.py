@@ -537,11 +537,26 @@ class InferenceConfig(Section):
         return tuple(self.urls) or (self.base_url,)
 
 
+# The MiniWoB++ tasks a small policy learns from (docs/envs.md), through either adapter.
+_MINIWOB_SUBSET = (
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-link",
+    "focus-text",
+    "focus-text-2",
+    "enter-text",
+    "click-checkboxes",
+)
+
+
 class EnvConfig(Section):
     """The environments collectors run: which kind, its tasks, its latency, and how success is judged."""
 
-    kind: Literal["sim", "miniwob", "android"] = Field(
-        "sim", description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium, or adb."
+    kind: Literal["sim", "miniwob", "android", "browsergym"] = Field(
+        "sim",
+        description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium (Selenium), "
+        "adb, or any BrowserGym task (Playwright; docs/envs.md).",
     )
     seed: int = Field(0, description="Seed of task sampling and of the simulator's latency noise.")
     templates: list[str] = Field(
@@ -569,24 +584,34 @@ class EnvConfig(Section):
         100.0, ge=1.0, description="Slowest/fastest ratio of per-task latency scales (DistRL reports ~100x on Android)."
     )
     miniwob_tasks: list[str] = Field(
-        default_factory=lambda: [
-            "click-test",
-            "click-test-2",
-            "click-button",
-            "click-link",
-            "focus-text",
-            "focus-text-2",
-            "enter-text",
-            "click-checkboxes",
-        ],
+        default_factory=lambda: list(_MINIWOB_SUBSET),
         description="MiniWoB++ tasks to draw from (the learnable subset documented in docs/envs.md).",
     )
     miniwob_episode_time_s: float = Field(
         60.0, gt=0.0, description="MiniWoB episode time limit; its own 10 s default assumes a fast agent."
     )
+    browsergym_tasks: list[str] = Field(
+        default_factory=lambda: [f"browsergym/miniwob.{name}" for name in _MINIWOB_SUBSET],
+        description="BrowserGym task ids to draw from (default: the MiniWoB++ learnable subset through BrowserGym; "
+        "webarena.*, workarena.* and the like need their package and servers).",
+    )
+    browsergym_actions: list[
+        Literal["chat", "infeas", "bid", "coord", "nav", "tab", "miniwob_all", "webarena", "workarena"]
+    ] = Field(
+        default_factory=lambda: ["bid", "coord", "nav", "chat", "infeas"],
+        min_length=1,
+        description="BrowserGym high-level action subsets the policy may use in free mode (default: element and "
+        "coordinate actions, navigation, answering in the chat, declaring a task infeasible). Source: BrowserGym.",
+    )
+    browsergym_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts the BrowserGym browser may reach besides loopback and file:// pages, e.g. a WebArena "
+        "server's (empty: none; everything else fails to load).",
+    )
     chrome_binary: Path = Field(
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")),
-        description="Chromium for MiniWoB++. Default: $MINIWOB_CHROME_BINARY, then /usr/bin/chromium.",
+        description="Chromium for MiniWoB++ and BrowserGym (driven by Playwright, no browser download). "
+        "Default: $MINIWOB_CHROME_BINARY, then /usr/bin/chromium.",
     )
     chromedriver: Path = Field(
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")),

@@ -13,7 +13,8 @@ A collector drives any environment the same way::
     await env.close()
 
 ``step`` accepts the model's raw text and parses it itself, so the validity verdict, the reason and the canonical
-text always come from one place (:func:`distrl_stream.envs.actions.parse_action`). An invalid action (unparseable,
+text always come from one place (``EnvBase.parse``: :func:`distrl_stream.envs.actions.parse_action`, which BrowserGym
+extends with its own high-level actions). An invalid action (unparseable,
 or impossible on this screen) leaves the world unchanged, earns reward 0, still uses up one step of the horizon, and
 is reported in ``result.info`` with its reason.
 """
@@ -29,7 +30,7 @@ from distrl_stream.envs.actions import Action, InvalidAction, parse_action
 from distrl_stream.errors import EpisodeStateError
 
 Split = Literal["train", "test"]
-EnvKind = Literal["sim", "miniwob", "android"]
+EnvKind = Literal["sim", "miniwob", "android", "browsergym"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,11 +192,6 @@ class DeviceEnv(Protocol):
         ...
 
 
-def coerce_action(action: ActionInput) -> Action | InvalidAction:
-    """Parse text, pass typed actions through: the one entry point ``step`` implementations use."""
-    return parse_action(action) if isinstance(action, str) else action
-
-
 def action_text(action: Action | InvalidAction) -> str:
     """Canonical text of a parsed action, or the raw text of an invalid one."""
     return action.raw if isinstance(action, InvalidAction) else action.to_text()
@@ -265,7 +261,7 @@ class EnvBase(ABC):
             raise EpisodeStateError(f"{self.kind}: step() before reset()")
         if self._over:
             raise EpisodeStateError(f"{self.kind}: step() after episode {self._task.id} ended; call reset()")
-        parsed = coerce_action(action)
+        parsed = self.parse(action) if isinstance(action, str) else action
         started = time.perf_counter()
         if isinstance(parsed, InvalidAction):
             # Nothing reaches the device: the world is unchanged by construction.
@@ -296,6 +292,10 @@ class EnvBase(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+    def parse(self, text: str) -> Action | InvalidAction:
+        """Read the model's text as an action: the project's JSON actions (BrowserGym also reads its own calls)."""
+        return parse_action(text)
 
     @abstractmethod
     def candidates(self, observation: Observation) -> list[str]:
