@@ -29,7 +29,7 @@ def up(
     collectors: Annotated[int, typer.Option("--collectors", "-n", help="Collector processes.", min=1)] = 2,
     envs_per_collector: Annotated[int | None, field_option("collector.envs", "--envs-per-collector", min=1)] = None,
     env: Annotated[
-        str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android, browsergym.")
+        str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android, browsergym, gymnasium.")
     ] = None,
     mode: Annotated[str | None, field_option("collector.mode", "--mode", help="async or sync.")] = None,
     action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,

@@ -553,10 +553,10 @@ _MINIWOB_SUBSET = (
 class EnvConfig(Section):
     """The environments collectors run: which kind, its tasks, its latency, and how success is judged."""
 
-    kind: Literal["sim", "miniwob", "android", "browsergym"] = Field(
+    kind: Literal["sim", "miniwob", "android", "browsergym", "gymnasium"] = Field(
         "sim",
         description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium (Selenium), "
-        "adb, or any BrowserGym task (Playwright; docs/envs.md).",
+        "adb, any BrowserGym task (Playwright), or a Gymnasium env with text actions (docs/envs.md).",
     )
     seed: int = Field(0, description="Seed of task sampling and of the simulator's latency noise.")
     templates: list[str] = Field(
@@ -607,6 +607,17 @@ class EnvConfig(Section):
         default_factory=list,
         description="Hosts the BrowserGym browser may reach besides loopback and file:// pages, e.g. a WebArena "
         "server's (empty: none; everything else fails to load).",
+    )
+    gymnasium_env: str = Field(
+        "",
+        description="The Gymnasium env of kind 'gymnasium': a registered id (MyEnv-v0, or module:MyEnv-v0 to import "
+        "its module first) or an entry point module:Class. Its action space must be gymnasium.spaces.Text.",
+    )
+    gymnasium_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the Gymnasium env's constructor."
+    )
+    gymnasium_horizon: int = Field(
+        20, ge=1, description="Most steps of a Gymnasium episode (the env may end it first)."
     )
     chrome_binary: Path = Field(
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")),

@@ -30,7 +30,7 @@ from distrl_stream.envs.actions import Action, InvalidAction, parse_action
 from distrl_stream.errors import EpisodeStateError
 
 Split = Literal["train", "test"]
-EnvKind = Literal["sim", "miniwob", "android", "browsergym"]
+EnvKind = Literal["sim", "miniwob", "android", "browsergym", "gymnasium"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ class StepInfo:
         success: the environment's own check (or the judge's verdict) says the task is now complete.
         valid: the action parsed and was possible on the screen it was sent to.
         reason: why the action was invalid (None when valid).
-        action: the parsed action (None when the text did not parse).
+        action: the parsed action (a TextAction in an environment's own syntax; None when the text did not parse).
         action_text: the canonical text of the parsed action, or the raw text when it did not parse.
         latency_s: wall-clock seconds the environment took for this step (simulated device latency included).
         step: 1-based number of this step in the episode.
@@ -135,7 +135,7 @@ class StepInfo:
     success: bool
     valid: bool
     reason: str | None
-    action: Action | None
+    action: Action | TextAction | None
     action_text: str
     latency_s: float
     step: int
@@ -161,7 +161,19 @@ class StepResult:
     info: StepInfo
 
 
-ActionInput = str | Action | InvalidAction
+@dataclass(frozen=True, slots=True)
+class TextAction:
+    """An action in an environment's own text syntax: one of BrowserGym's calls (``click("13")``), or the text a
+    Gymnasium env with a text action space takes. Valid by the environment's parse; carried out as written."""
+
+    text: str
+
+    def to_text(self) -> str:
+        """The action as the environment runs it."""
+        return self.text
+
+
+ActionInput = str | Action | TextAction | InvalidAction
 
 
 @runtime_checkable
@@ -192,7 +204,7 @@ class DeviceEnv(Protocol):
         ...
 
 
-def action_text(action: Action | InvalidAction) -> str:
+def action_text(action: Action | TextAction | InvalidAction) -> str:
     """Canonical text of a parsed action, or the raw text of an invalid one."""
     return action.raw if isinstance(action, InvalidAction) else action.to_text()
 
@@ -293,8 +305,9 @@ class EnvBase(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def parse(self, text: str) -> Action | InvalidAction:
-        """Read the model's text as an action: the project's JSON actions (BrowserGym also reads its own calls)."""
+    def parse(self, text: str) -> Action | TextAction | InvalidAction:
+        """Read the model's text as an action: the project's JSON actions (BrowserGym also reads its own calls, a
+        Gymnasium env its own text)."""
         return parse_action(text)
 
     @abstractmethod
@@ -310,5 +323,5 @@ class EnvBase(ABC):
         """Bring the device to the task's initial state."""
 
     @abstractmethod
-    async def _apply(self, action: Action) -> Outcome:
+    async def _apply(self, action: Action | TextAction) -> Outcome:
         """Carry out a parsed action (or refuse it, leaving the world unchanged)."""

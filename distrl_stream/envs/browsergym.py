@@ -41,7 +41,7 @@ from distrl_stream.envs.actions import (
     Wait,
     parse_action,
 )
-from distrl_stream.envs.base import EnvBase, EnvKind, Observation, Outcome, Task, UIElement
+from distrl_stream.envs.base import EnvBase, EnvKind, Observation, Outcome, Task, TextAction, UIElement
 from distrl_stream.envs.miniwob import first_line, png, typed_values
 from distrl_stream.errors import ConfigError, EnvError
 
@@ -71,17 +71,6 @@ _OPTION_ROLES: Final = frozenset({"combobox", "listbox"})
 # Pixels a page scroll moves (BrowserGym's scroll(dx, dy)).
 SCROLL_PX: Final = 200
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class BrowserCall:
-    """One of BrowserGym's high-level actions as the policy wrote it, e.g. ``click("13")``."""
-
-    code: str
-
-    def to_text(self) -> str:
-        """The call's text, as BrowserGym runs it."""
-        return self.code
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +126,7 @@ class BrowserGymEnv(EnvBase):
             section.screenshots,
         )
 
-    def parse(self, text: str) -> Action | BrowserCall | InvalidAction:
+    def parse(self, text: str) -> Action | TextAction | InvalidAction:
         """The project's JSON actions (their ``index`` is the element's BrowserGym id), or one BrowserGym call."""
         if text.lstrip().startswith("{"):
             return parse_action(text)
@@ -145,7 +134,7 @@ class BrowserGymEnv(EnvBase):
             self._action_set().to_python_code(text)
         except Exception as exc:  # pyparsing's ParseException, NameError for a function outside the subsets
             return InvalidAction(f"not one of BrowserGym's actions ({', '.join(self._subsets)}): {exc}", text)
-        return BrowserCall(text.strip())
+        return TextAction(text.strip())
 
     def candidates(self, observation: Observation) -> list[str]:
         """Choice-mode actions on the current page, in BrowserGym's syntax.
@@ -178,7 +167,7 @@ class BrowserGymEnv(EnvBase):
             raise EnvError(f"browsergym: cannot run task {task.id} of env {task.env}")
         return await _run(lambda: self._reset_sync(task))
 
-    async def _apply(self, action: Action) -> Outcome:
+    async def _apply(self, action: Action | TextAction) -> Outcome:
         return await _run(lambda: self._apply_sync(action))
 
     # ---- blocking parts (the BrowserGym thread) ---------------------------------------------------------------------
@@ -223,12 +212,12 @@ class BrowserGymEnv(EnvBase):
             disable_env_checker=True,
         )
 
-    def _apply_sync(self, action: Action | BrowserCall) -> Outcome:
+    def _apply_sync(self, action: Action | TextAction) -> Outcome:
         shown = self._observation
         assert shown is not None  # EnvBase.step checks the episode is live
         if isinstance(action, Status):
             return Outcome(shown, done=True)
-        code = action.code if isinstance(action, BrowserCall) else _to_call(action)
+        code = action.text if isinstance(action, TextAction) else _to_call(action)
         if code is None:
             return Outcome(shown, valid=False, reason=f"BrowserGym has no {action.to_text()} action")
         try:
