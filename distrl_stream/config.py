@@ -667,6 +667,26 @@ class EnvConfig(Section):
         return self
 
 
+class MonitorConfig(Section):
+    """Trackers besides the {run}.metrics topic, Prometheus (each role's metrics_port) and TensorBoard."""
+
+    wandb_project: str | None = Field(
+        None,
+        description="Log to this Weights & Biases project (the `wandb` extra): the learner's metrics per update, its "
+        "versions and metric windows, collectors' throughput, up's held-out evaluations; one W&B run per process, "
+        "grouped by the run name. None: off.",
+    )
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user). None: your default entity.")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None,
+        description="online, or offline (files only, no network; `wandb sync` them later). None: W&B's own default "
+        "($WANDB_MODE, else online).",
+    )
+    wandb_dir: Path | None = Field(
+        None, description="Where W&B writes its run files (a wandb/ folder inside). None: the run's folder."
+    )
+
+
 class CollectorConfig(Section):
     """The collector role: K environments acting with the served policy, publishing each finished episode."""
 
@@ -774,6 +794,7 @@ class Config(BaseSettings):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _chunks_fit_in_a_message(self) -> Config:

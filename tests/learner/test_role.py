@@ -16,7 +16,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
-from distrl_stream.config import Config
+from distrl_stream.config import Config, MonitorConfig
 from distrl_stream.events import DeadLetter, Tensor, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
 from distrl_stream.kafka.admin import Admin
@@ -32,6 +32,7 @@ from distrl_stream.policy.prompt import Prompter
 from distrl_stream.policy.vision import load_processor
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
+from tests.monitor.wandb_files import offline_runs
 
 pytestmark = pytest.mark.kafka
 torch.set_num_threads(1)
@@ -517,3 +518,27 @@ def test_a_vision_learner_updates_on_screenshots_and_dead_letters_a_missing_or_a
     [event] = weight_events(cfg)[:1]
     config = json.loads((adapter_dir(cfg, event.version) / "adapter_config.json").read_text())
     assert config["target_modules"].startswith("model\\.text_model\\.")
+
+
+def test_a_wandb_project_gets_the_learners_updates_versions_and_metrics_in_an_offline_run(
+    learner_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monitor = MonitorConfig(wandb_project="distrl-test", wandb_mode="offline", wandb_dir=tmp_path)
+    cfg = learner_config(updates_per_version=2).model_copy(update={"monitor": monitor})
+    learner = Learner(cfg)
+    learner.start()
+    try:
+        running = Running(learner)
+        produce(cfg, sim_events(learner.trainer.tokenizer, 2, seed=1, version=0))
+        running.wait_for("version 1", lambda: learner.version == 1)
+        running.finish()
+    finally:
+        learner.close()
+    [(name, (run, rows))] = offline_runs(tmp_path).items()
+    assert name == f"{cfg.run}-{learner.member_id}" and run.job_type == "learner" and run.run_group == cfg.run
+    updates = {row["_step"]: row for row in rows if any(key.startswith("update/") for key in row)}
+    assert {1, 2} <= set(updates) and all(isinstance(row["update/loss_policy"], float) for row in updates.values())
+    [version] = [row for row in rows if "version/version" in row]
+    assert version["version/version"] == 1 and version["_step"] == 2
+    assert any(row.get("learner/versions_published") == 1 for row in rows)  # the final metric window
