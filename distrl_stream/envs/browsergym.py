@@ -225,7 +225,7 @@ class BrowserGymEnv(EnvBase):
         except Exception as exc:
             self._broken = True
             raise EnvError(f"browsergym: the browser failed on {code}: {first_line(exc)}") from exc
-        error = str(obs.get("last_action_error") or "").splitlines()[0][:200] if obs.get("last_action_error") else ""
+        error = str(obs.get("last_action_error") or "").strip().split("\n", 1)[0][:200]
         done = bool(terminated or truncated)
         extra = {"browsergym_reward": float(reward), "browsergym_code": code, "browsergym_error": error}
         if error and not done:
