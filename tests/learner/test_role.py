@@ -3,8 +3,10 @@ restarts (the replay shard, replayed episodes, unusable episodes)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,7 +18,10 @@ import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
+from distrl_stream.collector import run_episode
 from distrl_stream.config import Config, MonitorConfig
+from distrl_stream.envs.browsergym import BrowserGymEnv
+from distrl_stream.envs.tasks import miniwob_tasks
 from distrl_stream.events import DeadLetter, Tensor, TrajectoryEvent, WeightVersionEvent, decode, encode
 from distrl_stream.events.screenshots import ScreenshotStore, read_screenshot
 from distrl_stream.kafka.admin import Admin
@@ -30,6 +35,7 @@ from distrl_stream.learner.role import Learner
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.prompt import Prompter
 from distrl_stream.policy.vision import load_processor
+from distrl_stream.testing.scripted import ScriptedPolicy
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
 from tests.monitor.wandb_files import offline_runs
@@ -542,3 +548,29 @@ def test_a_wandb_project_gets_the_learners_updates_versions_and_metrics_in_an_of
     [version] = [row for row in rows if "version/version" in row]
     assert version["version/version"] == 1 and version["_step"] == 2
     assert any(row.get("learner/versions_published") == 1 for row in rows)  # the final metric window
+
+
+@pytest.mark.browser
+def test_a_browsergym_miniwob_episode_is_ingested_and_trained_on_with_no_dead_letter(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner], tmp_path: Path
+) -> None:
+    cfg = learner_config(batch_episodes=1, min_buffer_episodes=1)
+    learner = started(cfg)
+    policy = ScriptedPolicy(None, learner.trainer.tokenizer, 1.0, random.Random(0))
+    [task] = miniwob_tasks(["browsergym/miniwob.click-test-2"], "train", 1, env="browsergym")
+
+    async def collect() -> TrajectoryEvent:
+        env = BrowserGymEnv(browsers_dir=tmp_path)
+        try:
+            outcome = await run_episode(env, task, policy, "choice", episode_id="bg-1")
+        finally:
+            await env.close()
+        return outcome.to_event(run=cfg.run, collector_id="c", mode="choice", base_model="tiny")
+
+    event = asyncio.run(collect())
+    assert event.env_kind == "browsergym" and event.steps and event.steps[0].action.startswith("click(")
+    produce(cfg, [event])
+    running = Running(learner)
+    running.wait_for("an update on the episode", lambda: learner.counters.ingested == 1 and learner.trainer.updates)
+    running.finish()
+    assert learner.counters.dead == 0 and not list(read_topic(cfg.kafka, TopicNames(cfg.run).dlq))
