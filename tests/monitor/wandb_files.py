@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,22 +35,33 @@ def _records(path: Path) -> Iterator[bytes]:
             pieces = b""
 
 
-def offline_runs(folder: Path) -> dict[str, tuple[Any, list[dict[str, Any]]]]:
-    """Every offline run under ``folder`` (W&B's ``dir``): display name -> (its run record, its history rows)."""
+def offline_runs(folder: Path, timeout_s: float = 30.0) -> dict[str, tuple[Any, list[dict[str, Any]]]]:
+    """Every offline run under ``folder`` (W&B's ``dir``): display name -> (its run record, its history rows).
+
+    W&B's service may still be writing a finished run's file when ``finish`` returns (seen under load): each file is
+    read again until it holds its exit record, within ``timeout_s``.
+    """
     from wandb.proto import wandb_internal_pb2
 
+    deadline = time.monotonic() + timeout_s
     runs = {}
     for path in sorted(folder.glob("wandb/offline-run-*/run-*.wandb")):
-        run, rows = None, []
-        for data in _records(path):
-            record = wandb_internal_pb2.Record()
-            record.ParseFromString(data)
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                run = record.run
-            elif kind == "history":
-                items = record.history.item
-                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
+        while True:
+            run, rows, ended = None, [], False
+            for data in _records(path):
+                record = wandb_internal_pb2.Record()
+                record.ParseFromString(data)
+                kind = record.WhichOneof("record_type")
+                if kind == "run":
+                    run = record.run
+                elif kind == "history":
+                    items = record.history.item
+                    rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items})
+                ended = ended or kind == "exit"
+            if ended:
+                break
+            assert time.monotonic() < deadline, f"{path} has no exit record after {timeout_s} s"
+            time.sleep(0.2)
         assert run is not None, f"{path} has no run record"
         runs[run.display_name] = (run, rows)
     return runs
