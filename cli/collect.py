@@ -26,7 +26,9 @@ def collect(
     run: RunOption = None,
     envs: Annotated[int | None, field_option("collector.envs", "--envs", "-k")] = None,
     mode: Annotated[str | None, field_option("collector.mode", "--mode")] = None,
-    env: Annotated[str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android.")] = None,
+    env: Annotated[
+        str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android, browsergym, gymnasium.")
+    ] = None,
     action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,
     inference_urls: Annotated[
         list[str] | None,

@@ -27,7 +27,9 @@ def up(
     ] = None,
     collectors: Annotated[int, typer.Option("--collectors", "-n", help="Collector processes.", min=1)] = 2,
     envs_per_collector: Annotated[int | None, field_option("collector.envs", "--envs-per-collector", min=1)] = None,
-    env: Annotated[str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android.")] = None,
+    env: Annotated[
+        str | None, field_option("env.kind", "--env", help="One of sim, miniwob, android, browsergym, gymnasium.")
+    ] = None,
     mode: Annotated[str | None, field_option("collector.mode", "--mode", help="async or sync.")] = None,
     action_mode: Annotated[str | None, field_option("inference.mode", "--action-mode")] = None,
     algorithm: Annotated[str | None, field_option("learner.algorithm", "--algorithm")] = None,
@@ -90,6 +92,7 @@ def up(
     }
     cfg = build_config(config, run=run, kafka={"bootstrap_servers": bootstrap}, **flags)
     from distrl_stream.cli.up_ui import run_up  # process management and Kafka: not for --help
+    from distrl_stream.envs.tasks import task_pool
     from distrl_stream.orchestrate import UP_EVAL_TASKS, UpOptions, up_profile, uses_external_kafka
     from distrl_stream.policy.model_dir import load_prompter
 
@@ -107,6 +110,8 @@ def up(
         kind = "2-core profile for pretrained models" if pretrained else "2-core profile"
         typer.echo(f"up's {kind} (set any of these to override): {shown}")
 
+    # A task that cannot run (an unknown BrowserGym task, no chromium) fails here, before any process starts.
+    run_command(task_pool, cfg.env, "train", 1)
     external = uses_external_kafka(cfg)
     options = UpOptions(
         collectors=collectors,

@@ -661,11 +661,26 @@ class InferenceConfig(Section):
         return tuple(self.urls) or (self.base_url,)
 
 
+# The MiniWoB++ tasks a small policy learns from (docs/envs.md), through either adapter.
+_MINIWOB_SUBSET = (
+    "click-test",
+    "click-test-2",
+    "click-button",
+    "click-link",
+    "focus-text",
+    "focus-text-2",
+    "enter-text",
+    "click-checkboxes",
+)
+
+
 class EnvConfig(Section):
     """The environments collectors run: which kind, its tasks, its latency, and how success is judged."""
 
-    kind: Literal["sim", "miniwob", "android"] = Field(
-        "sim", description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium, or adb."
+    kind: Literal["sim", "miniwob", "android", "browsergym", "gymnasium"] = Field(
+        "sim",
+        description="Environment kind: the built-in simulated phone, MiniWoB++ in headless chromium (Selenium), "
+        "adb, any BrowserGym task (Playwright), or a Gymnasium env with text actions (docs/envs.md).",
     )
     seed: int = Field(0, description="Seed of task sampling and of the simulator's latency noise.")
     templates: list[str] = Field(
@@ -693,24 +708,45 @@ class EnvConfig(Section):
         100.0, ge=1.0, description="Slowest/fastest ratio of per-task latency scales (DistRL reports ~100x on Android)."
     )
     miniwob_tasks: list[str] = Field(
-        default_factory=lambda: [
-            "click-test",
-            "click-test-2",
-            "click-button",
-            "click-link",
-            "focus-text",
-            "focus-text-2",
-            "enter-text",
-            "click-checkboxes",
-        ],
+        default_factory=lambda: list(_MINIWOB_SUBSET),
         description="MiniWoB++ tasks to draw from (the learnable subset documented in docs/envs.md).",
     )
     miniwob_episode_time_s: float = Field(
         60.0, gt=0.0, description="MiniWoB episode time limit; its own 10 s default assumes a fast agent."
     )
+    browsergym_tasks: list[str] = Field(
+        default_factory=lambda: [f"browsergym/miniwob.{name}" for name in _MINIWOB_SUBSET],
+        description="BrowserGym task ids to draw from (default: the MiniWoB++ learnable subset through BrowserGym; "
+        "webarena.*, workarena.* and the like need their package and servers).",
+    )
+    browsergym_actions: list[
+        Literal["chat", "infeas", "bid", "coord", "nav", "tab", "miniwob_all", "webarena", "workarena"]
+    ] = Field(
+        default_factory=lambda: ["bid", "coord", "nav", "chat", "infeas"],
+        min_length=1,
+        description="BrowserGym high-level action subsets the policy may use in free mode (default: element and "
+        "coordinate actions, navigation, answering in the chat, declaring a task infeasible). Source: BrowserGym.",
+    )
+    browsergym_allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Hosts the BrowserGym browser may reach besides loopback and file:// pages, e.g. a WebArena "
+        "server's (empty: none; everything else fails to load).",
+    )
+    gymnasium_env: str = Field(
+        "",
+        description="The Gymnasium env of kind 'gymnasium': a registered id (MyEnv-v0, or module:MyEnv-v0 to import "
+        "its module first) or an entry point module:Class. Its action space must be gymnasium.spaces.Text.",
+    )
+    gymnasium_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the Gymnasium env's constructor."
+    )
+    gymnasium_horizon: int = Field(
+        20, ge=1, description="Most steps of a Gymnasium episode (the env may end it first)."
+    )
     chrome_binary: Path = Field(
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROME_BINARY", "/usr/bin/chromium")),
-        description="Chromium for MiniWoB++. Default: $MINIWOB_CHROME_BINARY, then /usr/bin/chromium.",
+        description="Chromium for MiniWoB++ and BrowserGym (driven by Playwright, no browser download). "
+        "Default: $MINIWOB_CHROME_BINARY, then /usr/bin/chromium.",
     )
     chromedriver: Path = Field(
         default_factory=lambda: Path(os.environ.get("MINIWOB_CHROMEDRIVER", "/usr/bin/chromedriver")),
@@ -755,6 +791,26 @@ class EnvConfig(Section):
         if self.judge == "llm" and (not self.judge_url or not self.judge_model):
             raise ValueError("judge = 'llm' needs judge_url and judge_model")
         return self
+
+
+class MonitorConfig(Section):
+    """Trackers besides the {run}.metrics topic, Prometheus (each role's metrics_port) and TensorBoard."""
+
+    wandb_project: str | None = Field(
+        None,
+        description="Log to this Weights & Biases project (the `wandb` extra): the learner's metrics per update, its "
+        "versions and metric windows, collectors' throughput, up's held-out evaluations; one W&B run per process, "
+        "grouped by the run name. None: off.",
+    )
+    wandb_entity: str | None = Field(None, description="W&B entity (team or user). None: your default entity.")
+    wandb_mode: Literal["online", "offline"] | None = Field(
+        None,
+        description="online, or offline (files only, no network; `wandb sync` them later). None: W&B's own default "
+        "($WANDB_MODE, else online).",
+    )
+    wandb_dir: Path | None = Field(
+        None, description="Where W&B writes its run files (a wandb/ folder inside). None: the run's folder."
+    )
 
 
 class CollectorConfig(Section):
@@ -868,6 +924,7 @@ class Config(BaseSettings):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     collector: CollectorConfig = Field(default_factory=CollectorConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @model_validator(mode="after")
     def _chunks_fit_in_a_message(self) -> Config:

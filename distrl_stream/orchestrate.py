@@ -42,6 +42,7 @@ from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.monitor.prometheus import RoleMetrics
+from distrl_stream.monitor.wandb import Tracker, tracker
 from distrl_stream.policy.model_dir import resolve_model_dir
 from distrl_stream.processes import ChildProcess, free_port, log_report, port_free
 
@@ -274,6 +275,7 @@ class LocalStack:
         self.server_url = ""
         self.started_at: float | None = None
         self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> {"version", "success", "tasks"}
+        self._wandb: Tracker | None = None  # the held-out evaluations' W&B run (monitor.wandb_project), once one ran
         self._broker_was_running = False
         self._kafka_ready = False
         # Process name -> host:port of its Prometheus endpoint (empty unless options.metrics_port is set).
@@ -368,6 +370,9 @@ class LocalStack:
             log.warning("held-out evaluation (%s) failed: %s", when, exc)
             return
         self.held_out[when] = {"version": result.version, "success": result.success_rate, "tasks": result.episodes}
+        self._wandb = self._wandb or tracker(self.cfg, "evaluation", "held-out")
+        if self._wandb is not None:
+            self._wandb.log("held_out", self.held_out[when], step=result.version)
         log.info("held-out success (%s): version %d, %.2f", when, result.version, result.success_rate)
 
     def _start_broker(self) -> None:
@@ -471,6 +476,9 @@ class LocalStack:
             if child.name not in codes:  # started, but `up` was stopped before it could keep it
                 codes[child.name] = child.stop(self.cfg.inference.stop_timeout_s + 15.0)
         self.prometheus.close()
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
         return codes
 
     def kill(self) -> None:

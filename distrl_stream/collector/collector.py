@@ -58,6 +58,7 @@ from distrl_stream.inference.client import InferenceClient
 from distrl_stream.kafka import KafkaError, Message
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
+from distrl_stream.monitor.wandb import Tracker, tracker
 from distrl_stream.policy.model_dir import load_prompter, resolve_model_dir
 
 log = logging.getLogger(__name__)
@@ -175,6 +176,7 @@ class Collector:
         self._limiter: InsertLimiter | None = None
         self._base_fingerprint = ""  # of model.base, taken at start; "" for a local model (not built here)
         self._limit_checked_at = -math.inf
+        self._wandb: Tracker | None = None
         self.prometheus = CollectorMetrics(
             cfg.run,
             self.collector_id,
@@ -217,6 +219,7 @@ class Collector:
         started = time.monotonic()
         settings = self.settings
         self.prometheus.serve(settings.metrics_port, "collector.metrics_port")
+        self._wandb = await asyncio.to_thread(tracker, self.cfg, "collector", self.collector_id)
         background: list[asyncio.Task[None]] = []
         if settings.duration_s is not None:
             background.append(asyncio.create_task(self._stop_after(settings.duration_s), name="duration"))
@@ -279,6 +282,8 @@ class Collector:
         # After the flush, so the final report counts every delivery; closing sends it (or logs that it could not).
         self._publish_metrics(final=True)
         await asyncio.to_thread(self._producer.close, min(self.settings.flush_timeout_s, 5.0))
+        if self._wandb is not None:
+            await asyncio.to_thread(self._wandb.close)
         stats = self.stats
         report = CollectorReport(
             collector_id=self.collector_id,
@@ -704,6 +709,8 @@ class Collector:
             values=values,
             labels=labels,
         )
+        if self._wandb is not None:
+            self._wandb.log("collector", values)
         try:
             self._producer.produce_event(self.topics.metrics, event)
         except (DistrlError, BufferError) as exc:

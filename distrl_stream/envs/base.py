@@ -13,7 +13,8 @@ A collector drives any environment the same way::
     await env.close()
 
 ``step`` accepts the model's raw text and parses it itself, so the validity verdict, the reason and the canonical
-text always come from one place (:func:`distrl_stream.envs.actions.parse_action`). An invalid action (unparseable,
+text always come from one place (``EnvBase.parse``: :func:`distrl_stream.envs.actions.parse_action`, which BrowserGym
+extends with its own high-level actions). An invalid action (unparseable,
 or impossible on this screen) leaves the world unchanged, earns reward 0, still uses up one step of the horizon, and
 is reported in ``result.info`` with its reason.
 """
@@ -29,7 +30,7 @@ from distrl_stream.envs.actions import Action, InvalidAction, parse_action
 from distrl_stream.errors import EpisodeStateError
 
 Split = Literal["train", "test"]
-EnvKind = Literal["sim", "miniwob", "android"]
+EnvKind = Literal["sim", "miniwob", "android", "browsergym", "gymnasium"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ class StepInfo:
         success: the environment's own check (or the judge's verdict) says the task is now complete.
         valid: the action parsed and was possible on the screen it was sent to.
         reason: why the action was invalid (None when valid).
-        action: the parsed action (None when the text did not parse).
+        action: the parsed action (a TextAction in an environment's own syntax; None when the text did not parse).
         action_text: the canonical text of the parsed action, or the raw text when it did not parse.
         latency_s: wall-clock seconds the environment took for this step (simulated device latency included).
         step: 1-based number of this step in the episode.
@@ -134,7 +135,7 @@ class StepInfo:
     success: bool
     valid: bool
     reason: str | None
-    action: Action | None
+    action: Action | TextAction | None
     action_text: str
     latency_s: float
     step: int
@@ -160,7 +161,19 @@ class StepResult:
     info: StepInfo
 
 
-ActionInput = str | Action | InvalidAction
+@dataclass(frozen=True, slots=True)
+class TextAction:
+    """An action in an environment's own text syntax: one of BrowserGym's calls (``click("13")``), or the text a
+    Gymnasium env with a text action space takes. Valid by the environment's parse; carried out as written."""
+
+    text: str
+
+    def to_text(self) -> str:
+        """The action as the environment runs it."""
+        return self.text
+
+
+ActionInput = str | Action | TextAction | InvalidAction
 
 
 @runtime_checkable
@@ -191,12 +204,7 @@ class DeviceEnv(Protocol):
         ...
 
 
-def coerce_action(action: ActionInput) -> Action | InvalidAction:
-    """Parse text, pass typed actions through: the one entry point ``step`` implementations use."""
-    return parse_action(action) if isinstance(action, str) else action
-
-
-def action_text(action: Action | InvalidAction) -> str:
+def action_text(action: Action | TextAction | InvalidAction) -> str:
     """Canonical text of a parsed action, or the raw text of an invalid one."""
     return action.raw if isinstance(action, InvalidAction) else action.to_text()
 
@@ -265,7 +273,7 @@ class EnvBase(ABC):
             raise EpisodeStateError(f"{self.kind}: step() before reset()")
         if self._over:
             raise EpisodeStateError(f"{self.kind}: step() after episode {self._task.id} ended; call reset()")
-        parsed = coerce_action(action)
+        parsed = self.parse(action) if isinstance(action, str) else action
         started = time.perf_counter()
         if isinstance(parsed, InvalidAction):
             # Nothing reaches the device: the world is unchanged by construction.
@@ -297,6 +305,11 @@ class EnvBase(ABC):
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def parse(self, text: str) -> Action | TextAction | InvalidAction:
+        """Read the model's text as an action: the project's JSON actions (BrowserGym also reads its own calls, a
+        Gymnasium env its own text)."""
+        return parse_action(text)
+
     @abstractmethod
     def candidates(self, observation: Observation) -> list[str]:
         """Canonical action strings valid on this screen."""
@@ -310,5 +323,5 @@ class EnvBase(ABC):
         """Bring the device to the task's initial state."""
 
     @abstractmethod
-    async def _apply(self, action: Action) -> Outcome:
+    async def _apply(self, action: Action | TextAction) -> Outcome:
         """Carry out a parsed action (or refuse it, leaving the world unchanged)."""

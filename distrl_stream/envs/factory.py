@@ -24,6 +24,14 @@ def make_env(section: EnvConfig) -> DeviceEnv:
         from distrl_stream.envs.miniwob import MiniWoBEnv
 
         env = MiniWoBEnv.from_config(section)
+    elif section.kind == "browsergym":
+        from distrl_stream.envs.browsergym import BrowserGymEnv
+
+        env = BrowserGymEnv.from_config(section)
+    elif section.kind == "gymnasium":
+        from distrl_stream.envs.gymnasium import GymnasiumEnv
+
+        env = GymnasiumEnv.from_config(section)
     else:
         from distrl_stream.envs.android import AndroidEnv
 

@@ -222,7 +222,7 @@ class MiniWoBEnv(EnvBase):
         """Choice-mode actions on the current screen.
 
         A click on every element but dropdowns and lists; for each text field or slider, text typed into it (see
-        :func:`_typed_values`); for each dropdown, a pick of each option not already picked (every option of a list
+        :func:`typed_values`); for each dropdown, a pick of each option not already picked (every option of a list
         box, where a pick toggles); for each scrollable list, a scroll towards the side that has more; for each
         draggable element, a drag onto every other draggable element (a sortable list's items, the boxes of a page).
         """
@@ -248,7 +248,7 @@ class MiniWoBEnv(EnvBase):
                 continue
             if el.editable:
                 texts = [text for k, text in page if k != el.index]
-                values = _typed_values(self._fields, observation.instruction, texts)
+                values = typed_values(self._fields, observation.instruction, texts)
                 if el.kind in _NUMBER_WIDGETS:
                     values = [value for value in values if _is_number(value)]
                 out.extend(TypeText(text=value, index=el.index).to_text() for value in values)
@@ -318,10 +318,10 @@ class MiniWoBEnv(EnvBase):
         try:
             refused = self._perform(action, shown, gym.instance.driver)
         except (InvalidSessionIdException, NoSuchWindowException) as exc:
-            raise EnvError(f"miniwob: browser failed on {action.to_text()}: {_first_line(exc)}") from exc
+            raise EnvError(f"miniwob: browser failed on {action.to_text()}: {first_line(exc)}") from exc
         except WebDriverException as exc:
             # The page could not take it (a pointer target out of reach, an element gone): the world is unchanged.
-            refused = f"the page could not take it: {_first_line(exc)}"
+            refused = f"the page could not take it: {first_line(exc)}"
         if refused is not None:
             return Outcome(shown, valid=False, reason=refused)
         try:
@@ -441,12 +441,12 @@ class MiniWoBEnv(EnvBase):
             {int(ref): w for ref, w in widgets.items()},
             {int(ref): str(root) for ref, root in draggable.items()},
         )
-        screenshot = _png(obs["screenshot"]) if self._screenshots else None
+        screenshot = png(obs["screenshot"]) if self._screenshots else None
         title = task.template if task is not None else "MiniWoB"
         return Observation(instruction, render_screen(title, elements), elements, screenshot)
 
 
-def _typed_values(fields: list[str], instruction: str, texts: list[str]) -> list[str]:
+def typed_values(fields: list[str], instruction: str, texts: list[str]) -> list[str]:
     """What choice mode offers to type into a field, most likely first, at most :data:`MAX_TYPED`.
 
     The task's field values (MiniWoB's own extraction from the instruction), the instruction's quoted phrases and
@@ -462,7 +462,7 @@ def _typed_values(fields: list[str], instruction: str, texts: list[str]) -> list
     return list(unique)[:MAX_TYPED]
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = getattr(exc, "msg", None) or str(exc) or type(exc).__name__
     return str(text).strip().splitlines()[0][:160]
 
@@ -523,7 +523,7 @@ def _bound(text: str, unbounded: float) -> float:
     return float(text) if _is_number(text) else unbounded
 
 
-def _png(pixels: Any) -> bytes:
+def png(pixels: Any) -> bytes:
     from PIL import Image
 
     buffer = io.BytesIO()

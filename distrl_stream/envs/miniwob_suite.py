@@ -1,7 +1,8 @@
 """Which MiniWoB++ tasks the adapter can solve at all: a scripted reachability check over its own candidates.
 
 For every task of the installed MiniWoB++ package, :func:`check_suite` runs one page seed through
-:class:`~distrl_stream.envs.miniwob.MiniWoBEnv` and searches depth-first over the sequences of choice-mode
+:class:`~distrl_stream.envs.miniwob.MiniWoBEnv` (or the same pages through BrowserGym,
+:class:`~distrl_stream.envs.browsergym.BrowserGymEnv`) and searches depth-first over the sequences of choice-mode
 candidates (``env.candidates``), re-running the same seed for each branch. A task is *reachable* when some sequence
 earns the page's own reward; otherwise the row says why not:
 
@@ -29,14 +30,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from distrl_stream.envs.actions import Click, TypeText, parse_action
-from distrl_stream.envs.base import Observation, Task
+from distrl_stream.envs.actions import Click, InvalidAction, TypeText, parse_action
+from distrl_stream.envs.base import EnvBase, Observation, Task
 from distrl_stream.envs.miniwob import MiniWoBEnv
 
 Reason = Literal["", "unsupported", "budget", "error"]
 # The package also registers FlightWoB's three tasks, a separate benchmark served over HTTP (the adapter refuses them).
 FLIGHTWOB_PREFIX: Final = "flight."
 _WORD: Final = re.compile(r"[a-z0-9]+")
+# The element a BrowserGym call acts on: its first argument, a BrowserGym id (``click("13")``).
+_BID: Final = re.compile(r'^\w+\("(\d+)"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +98,7 @@ class _Budget:
 
 
 async def check_task(
-    env: MiniWoBEnv,
+    env: EnvBase,
     name: str,
     *,
     seed: int = 0,
@@ -118,7 +121,8 @@ async def check_task(
     """
     started = time.monotonic()
     budget = _Budget(budget_s, max_episodes)
-    task = Task(f"miniwob/{name}/{seed}", "miniwob", name, f"MiniWoB {name}", "train", 10_000, seed)
+    template = name if env.kind == "miniwob" else f"browsergym/miniwob.{name}"
+    task = Task(f"{env.kind}/{name}/{seed}", env.kind, template, f"MiniWoB {name}", "train", 10_000, seed)
     first: Observation | None = None
     n_candidates = 0
 
@@ -181,7 +185,7 @@ def _screen(observation: Observation) -> tuple[tuple[str, str, str], ...]:
     return tuple((e.kind, e.text, e.state) for e in observation.elements)
 
 
-def _ordered(env: MiniWoBEnv, observation: Observation, came_by: str | None) -> list[str]:
+def _ordered(env: EnvBase, observation: Observation, came_by: str | None) -> list[str]:
     """The screen's candidates, those naming more of the instruction's words first (stable otherwise).
 
     ``came_by`` is the step that led to this screen: after typing into a field, typing into it again is left out.
@@ -196,6 +200,10 @@ def _ordered(env: MiniWoBEnv, observation: Observation, came_by: str | None) -> 
         # What the option names: the text it types or picks, else the label of the element it acts on; among equals,
         # acting on a control (a button, link, field, widget) before clicking plain text, which rarely does anything.
         action = parse_action(option)
+        if isinstance(action, InvalidAction):  # a BrowserGym call: its own words and its element's label
+            bid = _BID.match(option)
+            label = next((e.text for e in observation.elements if bid and str(e.index) == bid[1]), "")
+            return len(words & _words(f"{option} {label}")), True
         named = getattr(action, "text", None)
         index = getattr(action, "index", None)
         verbatim = isinstance(action, TypeText) and action.text in instruction
@@ -216,7 +224,7 @@ def _words(text: str) -> set[str]:
     return {str(int(word)) if word.isdigit() else word for word in _WORD.findall(text.lower())}
 
 
-async def _replay(env: MiniWoBEnv, task: Task, path: tuple[str, ...]) -> Observation | None:
+async def _replay(env: EnvBase, task: Task, path: tuple[str, ...]) -> Observation | None:
     """Reset the seed and play ``path``; the screen it ends on, or None when the page ended or refused a step."""
     observation = await env.reset(task)
     for option in path:
@@ -235,7 +243,7 @@ async def check_suite(
     max_episodes: int = 200,
     max_depth: int = 3,
     progress: Callable[[SuiteRow, int, int], None] | None = None,
-    env_factory: Callable[[], MiniWoBEnv] = MiniWoBEnv,
+    env_factory: Callable[[], EnvBase] = MiniWoBEnv,
 ) -> list[SuiteRow]:
     """Check every task (default: the whole installed suite) in one browser, one task after another.
 
@@ -246,7 +254,8 @@ async def check_suite(
         max_episodes: resets per task.
         max_depth: the longest candidate sequence tried per task.
         progress: called after each task with its row, the number of tasks done and the total.
-        env_factory: makes the browser (e.g. ``lambda: MiniWoBEnv.from_config(config.env)``); a fresh one replaces it
+        env_factory: makes the browser (e.g. ``lambda: MiniWoBEnv.from_config(config.env)``, or a ``BrowserGymEnv``
+            for the same pages through BrowserGym); a fresh one replaces it
             after a task that ended in an error.
 
     Returns:

@@ -86,6 +86,7 @@ from distrl_stream.learner.metrics import Counters, LearnerMetrics
 from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
 from distrl_stream.monitor.tensorboard import ScalarWriter, scalar_writer
+from distrl_stream.monitor.wandb import Tracker, tracker
 from distrl_stream.policy.model_dir import reads_screenshots, resolve_model_dir
 from distrl_stream.policy.precision import Precision, resolve_precision
 
@@ -170,6 +171,7 @@ class Learner:
         self._replay_base = (0, 0)  # (updates, records read) the replay ratio counts from; set by run()
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
+        self._wandb: Tracker | None = None
         self.prometheus = LearnerMetrics(
             cfg.run,
             self.member_id,
@@ -221,6 +223,8 @@ class Learner:
         # One scalar log for the group: the writer's (every member's numbers are on {run}.metrics with its rank).
         if self.settings.tensorboard_dir is not None and self.membership.writer:
             self._tensorboard = scalar_writer(self.settings.tensorboard_dir, "learner.tensorboard_dir")
+        if self.membership.writer:
+            self._wandb = tracker(self.cfg, "learner", self.member_id)
         # Members on one host each need a port of their own: the configured one plus the local rank.
         port = self.settings.metrics_port
         self.prometheus.serve(port + self.membership.local_rank if port else port, "learner.metrics_port")
@@ -412,6 +416,9 @@ class Learner:
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None
+        if self._wandb is not None:
+            self._wandb.close()
+            self._wandb = None
         for producer in (self._producer, self._metrics_producer):
             if producer is not None:
                 producer.close()
@@ -560,6 +567,8 @@ class Learner:
             self._window.add(stats)
             self._last_stats = stats
             self.prometheus.update(stats)
+            if self._wandb is not None:
+                self._wandb.log("update", stats, step=trainer.updates)
             self._dirty = True
         elif self._reader is not None:
             # Nothing to learn from yet (e.g. filtered BC before the first success): let data arrive.
@@ -619,6 +628,9 @@ class Learner:
             prune_artifacts(self.cfg, version)
         except OSError as exc:  # disk space, not correctness: the next publish tries again
             log.warning("learner %s: could not prune old adapter versions: %s", self.member_id, exc)
+        if self._wandb is not None:
+            published = {"version": float(version), "trajectories_consumed": float(self.counters.ingested)}
+            self._wandb.log("version", published, step=self.trainer.updates)
         return event
 
     def _publish_through_outages(self) -> None:
@@ -874,6 +886,8 @@ class Learner:
         self._metrics_producer.produce_event(self.topics.metrics, event, on_delivery=self._metric_delivered)
         if self._tensorboard is not None:
             self._tensorboard.add_scalars(event.values, self.trainer.updates)
+        if self._wandb is not None:
+            self._wandb.log("learner", event.values, step=self.trainer.updates)
         self._window = _Window()
         return event
 

@@ -80,6 +80,17 @@ def test_a_mistyped_model_is_one_line_naming_the_closest_known_names_before_anyt
     assert not (tmp_path / "data").exists()
 
 
+def test_an_unknown_browsergym_task_is_one_line_naming_the_setting_before_anything_starts(tmp_path: Path) -> None:
+    env = {"DISTRL_ENV__BROWSERGYM_TASKS": '["browsergym/miniwob.click-tset"]'}
+    result = runner.invoke(app, ["up", "--env", "browsergym", "--data-dir", str(tmp_path / "data")], env=env)
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]  # after the profile up prints
+    assert "Traceback" not in result.output
+    assert line.startswith("error: env.browsergym_tasks: no BrowserGym task 'browsergym/miniwob.click-tset' (closest: ")
+    assert "browsergym/miniwob.click-test" in line
+    assert not (tmp_path / "data").exists()
+
+
 def test_clients_use_the_list_of_servers_else_the_single_url_else_host_and_port(tmp_path: Path) -> None:
     toml = tmp_path / "servers.toml"
     toml.write_text('[inference]\nurl = "http://one:8000/"\n')

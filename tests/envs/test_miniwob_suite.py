@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
 from distrl_stream.config import load_config
+from distrl_stream.envs.browsergym import BrowserGymEnv
 from distrl_stream.envs.miniwob import MiniWoBEnv
 from distrl_stream.envs.miniwob_suite import SuiteRow, check_suite, counts_by_reason, markdown_table, suite_tasks
 
@@ -54,3 +56,14 @@ async def test_search_finds_a_two_step_solution_and_reports_budget_and_unknown_t
     assert not transform.reachable and transform.reason in ("budget", "unsupported")
     assert unknown.reason == "error" and "no-such-task" in unknown.detail
     assert seen == [("choose-list", 1, 3), ("text-transform", 2, 3), ("no-such-task", 3, 3)]
+
+
+@pytest.mark.browser
+@needs_browser
+async def test_the_same_search_runs_through_browsergym_on_the_same_pages(tmp_path: Path) -> None:
+    [row] = await check_suite(
+        ["click-test-2"], budget_s=60.0, max_episodes=2, env_factory=lambda: BrowserGymEnv(browsers_dir=tmp_path)
+    )
+    # BrowserGym's calls name no label: the search orders them by the label of the element they act on, so the
+    # button the instruction names is tried first and solves it in the first episode.
+    assert row.reachable and row.episodes == 1 and len(row.solution) == 1 and row.solution[0].startswith("click(")

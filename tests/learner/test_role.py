@@ -3,8 +3,10 @@ restarts (the replay shard, replayed episodes, unusable episodes)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +19,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.artifacts import adapter_dir, fetch, model_fingerprint, sha256_dir
-from distrl_stream.config import Config
+from distrl_stream.collector import run_episode
+from distrl_stream.config import Config, MonitorConfig
+from distrl_stream.envs.browsergym import BrowserGymEnv
+from distrl_stream.envs.tasks import miniwob_tasks
 from distrl_stream.events import (
     DeadLetter,
     Tensor,
@@ -39,8 +44,10 @@ from distrl_stream.learner.role import Learner
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.prompt import Prompter
 from distrl_stream.policy.vision import load_processor
+from distrl_stream.testing.scripted import ScriptedPolicy
 from tests.learner.simdata import sim_events
 from tests.monitor.scrape import scrape, value
+from tests.monitor.wandb_files import offline_runs
 
 pytestmark = pytest.mark.kafka
 torch.set_num_threads(1)
@@ -581,3 +588,53 @@ def test_the_artifact_folder_keeps_the_newest_keep_versions_a_server_may_still_f
             event.adapter_uri, tmp_path / f"v{event.version}", sha256=event.sha256, size_bytes=event.size_bytes
         )
         assert sha256_dir(fetched) == event.sha256
+
+
+def test_a_wandb_project_gets_the_learners_updates_versions_and_metrics_in_an_offline_run(
+    learner_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monitor = MonitorConfig(wandb_project="distrl-test", wandb_mode="offline", wandb_dir=tmp_path)
+    cfg = learner_config(updates_per_version=2).model_copy(update={"monitor": monitor})
+    learner = Learner(cfg)
+    learner.start()
+    try:
+        running = Running(learner)
+        produce(cfg, sim_events(learner.trainer.tokenizer, 2, seed=1, version=0))
+        running.wait_for("version 1", lambda: learner.version == 1)
+        running.finish()
+    finally:
+        learner.close()
+    [(name, (run, rows))] = offline_runs(tmp_path).items()
+    assert name == f"{cfg.run}-{learner.member_id}" and run.job_type == "learner" and run.run_group == cfg.run
+    updates = {row["_step"]: row for row in rows if any(key.startswith("update/") for key in row)}
+    assert {1, 2} <= set(updates) and all(isinstance(row["update/loss_policy"], float) for row in updates.values())
+    [version] = [row for row in rows if "version/version" in row]
+    assert version["version/version"] == 1 and version["_step"] == 2
+    assert any(row.get("learner/versions_published") == 1 for row in rows)  # the final metric window
+
+
+@pytest.mark.browser
+def test_a_browsergym_miniwob_episode_is_ingested_and_trained_on_with_no_dead_letter(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner], tmp_path: Path
+) -> None:
+    cfg = learner_config(batch_episodes=1, min_buffer_episodes=1)
+    learner = started(cfg)
+    policy = ScriptedPolicy(None, learner.trainer.tokenizer, 1.0, random.Random(0))
+    [task] = miniwob_tasks(["browsergym/miniwob.click-test-2"], "train", 1, env="browsergym")
+
+    async def collect() -> TrajectoryEvent:
+        env = BrowserGymEnv(browsers_dir=tmp_path)
+        try:
+            outcome = await run_episode(env, task, policy, "choice", episode_id="bg-1")
+        finally:
+            await env.close()
+        return outcome.to_event(run=cfg.run, collector_id="c", mode="choice", base_model="tiny")
+
+    event = asyncio.run(collect())
+    assert event.env_kind == "browsergym" and event.steps and event.steps[0].action.startswith("click(")
+    produce(cfg, [event])
+    running = Running(learner)
+    running.wait_for("an update on the episode", lambda: learner.counters.ingested == 1 and learner.trainer.updates)
+    running.finish()
+    assert learner.counters.dead == 0 and not list(read_topic(cfg.kafka, TopicNames(cfg.run).dlq))
