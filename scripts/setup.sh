@@ -25,7 +25,7 @@ command -v java >/dev/null || apt_install openjdk-17-jre-headless
 { command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || apt_install chromium chromium-driver
 
 has_gpu() { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }
-if has_gpu; then extras="gpu,miniwob,browsergym,tensorboard,wandb,dev"; else extras="cpu,miniwob,browsergym,tensorboard,wandb,dev"; fi
+if has_gpu; then extras="gpu,miniwob,browsergym,gymnasium,tensorboard,wandb,dev"; else extras="cpu,miniwob,browsergym,gymnasium,tensorboard,wandb,dev"; fi
 
 stamp="$VENV/.distrl-setup"
 want=$( { cat pyproject.toml scripts/setup.sh; echo "$extras"; } | sha256sum | cut -d' ' -f1)

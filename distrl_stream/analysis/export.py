@@ -48,6 +48,7 @@ EPISODE_SCHEMA = pa.schema(
     [
         *_EPISODE_KEYS,
         ("base_model", pa.string()),
+        ("base_fingerprint", pa.string()),
         ("started_at", _TS),
         ("ended_at", _TS),
         ("duration_s", pa.float64()),
@@ -72,6 +73,7 @@ STEP_SCHEMA = pa.schema(
         *_EPISODE_KEYS,
         ("episode_success", pa.bool_()),
         ("step", pa.int32()),
+        ("step_mode", pa.string()),
         ("observation", pa.string()),
         ("screenshot_uri", pa.string()),
         ("screenshot_sha256", pa.string()),
@@ -121,6 +123,7 @@ def episode_row(record: TrajectoryRecord) -> dict[str, Any]:
     return {
         **_keys(record),
         "base_model": e.base_model,
+        "base_fingerprint": e.base_fingerprint,
         "started_at": e.started_at,
         "ended_at": e.ended_at,
         "duration_s": (e.ended_at - e.started_at).total_seconds(),
@@ -147,6 +150,7 @@ def step_rows(record: TrajectoryRecord) -> Iterator[dict[str, Any]]:
             **keys,
             "episode_success": record.event.success,
             "step": i,
+            "step_mode": s.mode or record.event.mode,  # how the step was asked (v4; before it, the episode's mode)
             "observation": s.observation,
             "screenshot_uri": s.screenshot_uri,
             "screenshot_sha256": s.screenshot_sha256,

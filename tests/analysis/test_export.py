@@ -21,6 +21,7 @@ from distrl_stream.analysis.export import (
     export_trajectories,
     images_folder,
     sheet_name,
+    step_rows,
     write_contact_sheets,
 )
 from distrl_stream.analysis.replay import TrajectoryRecord
@@ -121,3 +122,13 @@ def test_step_rows_carry_the_prompt_token_ids_the_server_saw(tmp_path: Path) -> 
     rows = pq.read_table(tmp_path / "s.parquet").to_pylist()
     assert rows[0]["prompt_token_ids"] == ids
     assert all(r["prompt_token_ids"] is None for r in rows[1:])  # written before the field existed
+
+
+def test_step_rows_say_how_each_step_was_asked() -> None:
+    record = _records(2)[1]  # two steps
+    steps = [dataclasses.replace(record.event.steps[0], mode="free")]
+    steps += [dataclasses.replace(s, mode=None) for s in record.event.steps[1:]]
+    record = dataclasses.replace(record, event=dataclasses.replace(record.event, mode="choice", steps=steps))
+    rows = list(step_rows(record))
+    assert rows[0]["step_mode"] == "free"  # a choice episode's screen without candidates, asked in free mode
+    assert all(r["step_mode"] == "choice" for r in rows[1:])  # a step without its own mode: the episode's
