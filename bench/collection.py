@@ -177,7 +177,8 @@ def main() -> None:
     # Rounds of the sync run: its episodes grouped by version (one version per round, by construction).
     rounds: dict[int, list[TrajectoryEvent]] = {}
     for event in sync_events:
-        rounds.setdefault(event.steps[0].policy_version, []).append(event)
+        if event.steps:  # an attempt that failed before its first step is published, but acted by no version
+            rounds.setdefault(event.steps[0].policy_version, []).append(event)
     complete = [r for r in rounds.values() if len(r) == args.envs]
     round_ends = sorted(max(e.ended_at.timestamp() for e in r) - sync_began for r in complete)
     round_starts = sorted(min(e.started_at.timestamp() for e in r) - sync_began for r in complete)

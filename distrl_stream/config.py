@@ -843,9 +843,9 @@ class CollectorConfig(Section):
     samples_per_insert: float | None = Field(
         None,
         gt=0.0,
-        description="Rate limit (async mode), as Reverb's samples-per-insert: once the learner has made an update, "
-        "start new episodes only while the records on {run}.trajectories stay within learner_step × "
-        "learner.batch_episodes / samples_per_insert of the learner's newest version, plus "
+        description="Rate limit (async mode), as Reverb's samples-per-insert: once the learner has published a "
+        "version cut after an update, start new episodes only while the records on {run}.trajectories stay within "
+        "learner_step × learner.batch_episodes / samples_per_insert of the learner's newest version, plus "
         "learner.min_buffer_episodes and one version's worth (distrl_stream.pacing). Collection then never runs ahead "
         "of what the learner can use, which on shared cores leaves it the CPU. Refused with learner.algorithm = "
         "filtered_bc (no success, no update: a pause could last for good). None: no limit. Source: ours (Reverb's "

@@ -21,10 +21,11 @@ every combination under which both sides can end up waiting for each other:
   waits for it (``collector.sync_version_timeout_s`` per loss).
 
 Both sides count the same thing, *records on the topic*, usable or not (dead letters, stale and incomplete
-episodes too): a lost episode then costs data, never progress. And the rate limit starts with the learner's first
-update: before it the learner still fills its buffer, whose ``min_buffer_episodes`` no loss may hold hostage.
-``tests/test_pacing.py`` drives these functions over generated configurations and event sequences and shows they
-always make progress.
+episodes too), over the whole run and the whole learner group: a lost episode then costs data, never progress. And
+the rate limit starts with the first version cut after an update: before it the learner still fills its buffer,
+whose ``min_buffer_episodes`` no loss may hold hostage. ``tests/test_pacing.py`` drives these functions over
+generated configurations and event sequences and shows they always make progress (docs/design.md §5.10 says what
+it does not model).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def insert_budget(
     updates_per_version: int,
 ) -> float:
     """The most records ``{run}.trajectories`` may hold when the learner's newest version was cut at
-    ``learner_step`` updates: ``samples / samples_per_insert + slack`` (infinite before the first update).
+    ``learner_step`` updates: ``samples / samples_per_insert + slack`` (infinite until a version cut after an update
+    is published).
 
     The slack is ``min_buffer_episodes`` (the learner samples nothing before it holds them) plus one version's worth
     of inserts (collectors hear of the learner's progress once per version).

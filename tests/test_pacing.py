@@ -134,13 +134,14 @@ def test_every_accepted_configuration_makes_progress_whatever_the_episodes(
 def test_the_rate_limit_under_filtered_bc_would_stall_and_is_refused() -> None:
     collector = CollectorConfig(samples_per_insert=2.0)
     learner = LearnerConfig(algorithm="filtered_bc", batch_episodes=8, min_buffer_episodes=8, updates_per_version=5)
-    # Were it applied: no success, so no update, and the collectors pause at the slack for good. With an update
-    # done, the slack is finite; a failure-only stream then holds both sides.
-    budget = pacing.insert_budget(
-        5, batch_episodes=8, samples_per_insert=2.0, min_buffer_episodes=8, updates_per_version=5
-    )
-    assert math.isfinite(budget) and not pacing.may_insert(math.ceil(budget), 0, budget)
     assert not pacing.rate_limited(collector, learner)
+    # Were it applied: after a version cut on a success, a run of failures fills the budget with nothing to imitate
+    # once the success has left the buffer, and both sides wait.
+    stream = [Outcome(True, True, True), *[Outcome(True, True, False)] * 500]  # one success, then none
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pacing, "rate_limited", lambda _c, _l: True)
+        with pytest.raises(AssertionError, match="deadlock"):
+            simulate(collector, learner, stream, buffer_episodes=16, ticks=400)
     with pytest.raises(ConfigError, match=r"collector\.samples_per_insert .* learner\.algorithm = 'filtered_bc'"):
         load_config(None, collector={"samples_per_insert": 2.0}, learner={"algorithm": "filtered_bc"})
 
@@ -160,6 +161,27 @@ def test_sync_rounds_with_dropped_episodes_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"collector\.on_error = 'drop' with collector\.mode = 'sync'"):
         load_config(None, collector={"mode": "sync", "on_error": "drop"})
     load_config(None, collector={"mode": "sync"})  # publish: every attempt reaches the learner's round
+
+
+def test_a_limit_from_the_start_stalls_on_lost_episodes() -> None:
+    # The old rule: the slack binds before any update, and lost episodes leave the buffer short of its minimum.
+    collector = CollectorConfig(samples_per_insert=2.0)
+    learner = LearnerConfig(batch_episodes=8, min_buffer_episodes=8, updates_per_version=5)
+    stream = [*[Outcome(True, False, False)] * 3, Outcome(True, True, True)]  # three in four dead-lettered
+    now = pacing.insert_budget
+
+    def from_the_start(step: int, **kw: float) -> float:
+        return (
+            kw["min_buffer_episodes"] + kw["updates_per_version"] * kw["batch_episodes"] / kw["samples_per_insert"]
+            if step <= 0
+            else now(step, **kw)
+        )  # type: ignore[arg-type]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(pacing, "insert_budget", from_the_start)
+        with pytest.raises(AssertionError, match="deadlock"):
+            simulate(collector, learner, stream, buffer_episodes=100, ticks=400)
+    simulate(collector, learner, stream, buffer_episodes=100, ticks=400)  # the rule as it is
 
 
 def test_the_rate_limit_starts_with_the_first_update() -> None:

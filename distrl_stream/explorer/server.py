@@ -227,7 +227,8 @@ def _episode(req: _Request, m: re.Match[str]) -> None:
     except KafkaClientError as exc:
         req.error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
         return
-    newest = max(explorer.index.newest_version_at(epoch_ms(event.ended_at)), *(s.policy_version for s in event.steps))
+    # A list, not varargs: a sync round's attempt that failed before its first step has no steps.
+    newest = max([explorer.index.newest_version_at(epoch_ms(event.ended_at)), *(s.policy_version for s in event.steps)])
     screenshots = {
         i: _screenshot_problem(s.screenshot_uri, s.screenshot_sha256)
         for i, s in enumerate(event.steps)

@@ -384,12 +384,6 @@ class ReplayBuffer:
             self._refreshed_up_to = chunk[-1]
         return updated
 
-    def refresh_all(
-        self, score: Callable[[list[int], list[EpisodeRecord]], Sequence[float] | Tensor], batch_size: int = 32
-    ) -> int:
-        """Recompute every held episode's priority (:meth:`refresh_next` over the whole buffer)."""
-        return self.refresh_next(score, len(self), batch_size)
-
     # -- sampling ------------------------------------------------------------------------------------------------
 
     def sample(self, batch_size: int, beta: float) -> Sample:

@@ -74,6 +74,7 @@ class Entry:
         termination: the episode's termination (None for dead entries).
         rebuild: re-read to refill the replay shard from a checkpoint (already ingested before it).
         reason: why a dead entry is unusable (its dead letter's reason; "" for episodes).
+        versions: a dead entry that decoded: the versions that acted its steps (empty when undecodable).
     """
 
     partition: int
@@ -84,6 +85,7 @@ class Entry:
     termination: Termination | None = None
     rebuild: bool = False
     reason: str = ""
+    versions: tuple[int, ...] = ()
 
 
 def entry_from_message(
@@ -93,6 +95,7 @@ def entry_from_message(
     key = msg.key()
     key_text = key.decode(errors="replace") if key else ""
     partition, offset = msg.partition() or 0, msg.offset() or 0
+    event: TrajectoryEvent | None = None
     try:
         event = default_serde().decode(msg.value(), TrajectoryEvent)
         assert isinstance(event, TrajectoryEvent)  # decode(expect=...) guarantees it
@@ -102,7 +105,8 @@ def entry_from_message(
     except (EventDecodeError, TrajectoryError) as exc:
         if dead_letters is not None:
             dead_letters.send(msg, exc)
-        return Entry(partition, offset, key_text, EntryKind.DEAD, reason=reason(exc, msg.value()))
+        versions = tuple(sorted({s.policy_version for s in event.steps})) if event is not None else ()
+        return Entry(partition, offset, key_text, EntryKind.DEAD, reason=reason(exc, msg.value()), versions=versions)
     return Entry(partition, offset, episode.episode_id, EntryKind.EPISODE, episode, event.termination)
 
 

@@ -167,8 +167,13 @@ class Learner:
         self._last_stats: dict[str, float] = {}
         self._round_new = 0  # round mode: attempts of the current round read (_of_this_round)
         self._round_updates_left = 0
-        self._records_read = 0  # records of {run}.trajectories read, usable or not (the rate limit's count too)
-        self._replay_base = (0, 0)  # (updates, records read) the replay ratio counts from; set by run()
+        # The replay cap counts what the collectors' rate limit counts (distrl_stream.pacing): every record of the
+        # topic, usable or not, over the whole run: those before this start (the checkpoint's offsets, and episodes
+        # loaded from another run) and those the group's members read since (summed over the members at each
+        # exchange; a member reads only its own partitions).
+        self._records_before = 0
+        self._records_read = 0  # this member's, since it started
+        self._group_read = 0  # every member's since they started, as of the last exchange
         self._dirty = False  # something happened since the last checkpoint
         self._tensorboard: ScalarWriter | None = None
         self._wandb: Tracker | None = None
@@ -322,6 +327,8 @@ class Learner:
         # First in the buffer, as when they were loaded. Checkpoints from before they were recorded lack the key.
         self._restore_replayed(state.get("replayed", {}))
         self.version = self.group.broadcast(max(int(state["version"]), newest_artifact_version(self.cfg)))
+        # Every record before the checkpoint's offsets was read, and the replayed episodes count as read too.
+        self._records_before = sum(self._start_offsets.values()) + int(state["counters"].get("replayed", 0))
         self._round_new = int(state.get("round_new", 0))
         self._round_updates_left = int(state.get("round_updates_left", 0))
         self.restored_from = checkpoint
@@ -359,7 +366,6 @@ class Learner:
         self._reader.start()
         self._window = _Window()
         self._running_since, self._idle_s = time.monotonic(), 0.0
-        self._replay_base = (trainer.updates, self._records_read - len(self.buffer))
         clean = False
         try:
             while True:
@@ -371,9 +377,19 @@ class Learner:
                 rebuilt = self._reader.rebuilt()
                 # One collective per iteration on every member: update if any can, stop if any must; and which
                 # partitions of the checkpoint's shard some member has finished re-reading.
-                go, stopping, version, *done = self.group.exchange(
-                    [float(ready), float(stop.is_set()), float(self.version), *(float(p in rebuilt) for p in unread)]
+                # Each member's records read in its own slot: the element-wise maximum then holds all of them.
+                reads = [0.0] * self.membership.world_size
+                reads[self.membership.rank] = float(self._records_read)
+                go, stopping, version, *rest = self.group.exchange(
+                    [
+                        float(ready),
+                        float(stop.is_set()),
+                        float(self.version),
+                        *reads,
+                        *(float(p in rebuilt) for p in unread),
+                    ]
                 )
+                self._group_read, done = int(sum(rest[: len(reads)])), rest[len(reads) :]
                 if int(version) > self.version:  # a version rank 0 published: these are its weights too
                     self.trainer.mark_version(int(version))
                 self.version = max(self.version, int(version))
@@ -469,12 +485,13 @@ class Learner:
             self.ingest_log.append(entry.partition, entry.offset, entry.episode_id, status)
 
     def _of_this_round(self, entry: Entry) -> bool:
-        """Whether a record counts towards the round: an episode acted by the current version, or an attempt whose
-        version nothing tells (one that failed before its first step, an undecodable record). Counting those means a
-        lost attempt costs the round its data, never the collectors a ``sync_version_timeout_s`` wait."""
-        if entry.episode is None:
-            return True
-        return all(s.policy_version == self.version for s in entry.episode.steps)
+        """Whether a record counts towards the round: an episode acted by the current version, usable or not, or an
+        attempt whose version nothing tells (one that failed before its first step, an undecodable record). Counting
+        those means a lost attempt costs the round its data, never the collectors a ``sync_version_timeout_s``
+        wait."""
+        if entry.episode is not None:
+            return all(s.policy_version == self.version for s in entry.episode.steps)
+        return all(v == self.version for v in entry.versions)
 
     def _rebuild(self, entry: Entry) -> None:
         """Put a record of the checkpoint's shard back in the buffer at its priority."""
@@ -536,10 +553,9 @@ class Learner:
         if not self._shard_whole() or not self.trainer.ready():
             return False
         if not self._round_mode():
-            base_updates, base_read = self._replay_base
             return pacing.may_update(
-                self.trainer.updates - base_updates,
-                self._records_read - base_read,
+                self.trainer.updates,
+                self._records_total(),
                 batch_episodes=self.settings.batch_episodes,
                 max_replay_ratio=self.settings.max_replay_ratio,
             )
@@ -547,11 +563,14 @@ class Learner:
             self._round_updates_left = self.settings.updates_per_version
         return self._round_updates_left > 0
 
+    def _records_total(self) -> int:
+        """Records of the topic the learner (every member) has read over the run, usable or not."""
+        since = self._group_read if self.membership.world_size > 1 else self._records_read
+        return self._records_before + since
+
     def replay_ratio(self) -> float:
-        """Episodes sampled per record read since :meth:`run` began (counting the buffer it began with as read)."""
-        base_updates, base_read = self._replay_base
-        updates = self.trainer.updates - base_updates
-        return updates * self.settings.batch_episodes / max(self._records_read - base_read, 1)
+        """Episodes sampled per record read, over the run (what ``max_replay_ratio`` caps)."""
+        return self.trainer.updates * self.settings.batch_episodes / max(self._records_total(), 1)
 
     def _wait_for_data(self) -> None:
         """Wait a moment for trajectories, counted as idle time (``idle_s``: the learner starved of data)."""
@@ -766,6 +785,7 @@ class Learner:
             self._origins[key] = (topic, entry.partition, entry.offset)
             loaded += 1
         self.counters.replayed += loaded
+        self._records_before += loaded
         self._dirty = True
         log.info("loaded %d episodes from %s", loaded, topic)
         return loaded

@@ -301,6 +301,7 @@ class Trainer:
         self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), self.vocab_size)
         self.updates = 0
         self.rejected = 0  # episodes removed because their tokens are impossible under their candidates
+        self._refresh_credit = 0.0  # episodes owed to the round-robin priority refresh (a fraction carries over)
         # Steps ingested with the server's prompt ids, and those whose ids this learner's own rendering would not
         # have produced (another template, tokenizer or prompt version: docs/design.md §6.2).
         self.prompt_ids_checked = 0
@@ -346,7 +347,10 @@ class Trainer:
         if algorithm == "aride":
             # 1/K of the buffer after every update, round robin: every episode once per K updates, as the authors'
             # full refresh every K does, without a pause of minutes (on a pretrained model) that outlasts a stop.
-            share = math.ceil(len(self.buffer) / self.cfg.priority_refresh_interval)
+            # The share carries its fraction over: a large K (10**9) refreshes practically never, as it did.
+            self._refresh_credit += len(self.buffer) / self.cfg.priority_refresh_interval
+            share = int(self._refresh_credit + 1e-9)  # 4.8 five times is 24, not 23.999…
+            self._refresh_credit -= share
             stats["priorities_refreshed"] = float(self.refresh_priorities(share))
         return stats
 
@@ -730,9 +734,9 @@ class Trainer:
         deltas = aride.td_errors(batch.rewards, values, bootstrap, batch.done, batch.mask, cfg.gamma)
         return trajectory_priorities(deltas, rhos, logp, batch.mask, cfg.dper_w1, cfg.dper_w2, cfg.dper_w3)
 
-    def refresh_priorities(self, count: int | None = None) -> int:
-        """Recompute the priorities of the next ``count`` held episodes, round robin (None: all of them); returns how
-        many were updated.
+    def refresh_priorities(self, count: int) -> int:
+        """Recompute the priorities of the next ``count`` held episodes, round robin; returns how many were
+        updated.
 
         An episode whose tokens are impossible under its candidates, or (vision) whose screenshot can no longer be
         read back as recorded (ingest refuses both, but a buffer may hold one from before, and a store can lose a
@@ -743,13 +747,12 @@ class Trainer:
         def score(_keys: list[int], episodes: list[EpisodeRecord]) -> Tensor:
             return self.episode_priorities(episodes)
 
-        size = len(self.buffer) if count is None else count
         try:
-            return self.buffer.refresh_next(score, size, batch_size=32)
+            return self.buffer.refresh_next(score, count, batch_size=32)
         except (ActionConstraintError, ScreenshotError) as exc:
             log.warning("priority refresh met an unusable step (%s); removing the episodes that hold one", exc)
             self._reject_impossible()
-            return self.buffer.refresh_next(score, size, batch_size=32)
+            return self.buffer.refresh_next(score, count, batch_size=32)
 
     def _reject_impossible(self) -> None:
         """Remove every held episode whose tokens are impossible under its candidates or (vision) whose screenshots

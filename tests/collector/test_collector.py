@@ -175,6 +175,7 @@ async def test_a_sync_round_with_an_attempt_that_failed_before_its_first_step_st
 ) -> None:
     # Were the failed attempt not published, the round would lack it and the collector would wait out the timeout.
     envs = 2
+    FailsFirstReset.failed = False  # shared by the collector's envs: only the first reset of the test fails
     cfg = collector_config(
         collector={"envs": envs, "mode": "sync", "max_episodes": 2 * envs, "sync_version_timeout_s": 600}
     )

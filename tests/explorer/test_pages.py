@@ -7,7 +7,7 @@ import dataclasses
 import random
 from html.parser import HTMLParser
 
-from distrl_stream.events import TrajectoryEvent
+from distrl_stream.events import Termination, TrajectoryEvent
 from distrl_stream.explorer import pages
 from distrl_stream.explorer.index import DeadLetterRow, EpisodeRow, Filters
 from distrl_stream.testing.samples import sample_trajectory
@@ -118,3 +118,12 @@ def test_a_step_asked_in_another_mode_says_so() -> None:
     event = dataclasses.replace(event, steps=[dataclasses.replace(event.steps[0], mode="free"), event.steps[1]])
     html = pages.episode(event, 0, 1, newest=0, screenshots={})
     assert html.count("<dt>asked in</dt><dd>free mode</dd>") == 1
+
+
+def test_an_attempt_that_failed_before_its_first_step_has_a_page() -> None:
+    # A sync collector publishes such an attempt so that the learner's round counts it.
+    event = dataclasses.replace(
+        sample_trajectory(random.Random(5), steps=1), steps=[], termination=Termination.ENV_ERROR
+    )
+    html = pages.episode(event, 0, 3, newest=0, screenshots={})
+    assert "env_error" in html and "<li" not in html

@@ -188,7 +188,7 @@ def test_trajectory_priority_is_w1_td_plus_w2_rho_plus_w3_surprise() -> None:
     assert p.tolist() == pytest.approx([50 * 0.3 + 2.0 + 0.01 * 2.0, 50 * 0.1 + 0.5 + 0.01 * 0.5])
 
 
-def test_refresh_all_rescores_every_episode_and_changes_sampling() -> None:
+def test_refreshing_the_whole_buffer_rescores_every_episode_and_changes_sampling() -> None:
     buf = ReplayBuffer(capacity=100, alpha=1.0, seed=3)
     keys = [buf.add(episode(2 + i % 3, f"e{i}")) for i in range(12)]
     seen: list[int] = []
@@ -202,7 +202,7 @@ def test_refresh_all_rescores_every_episode_and_changes_sampling() -> None:
         rhos = batch.mask.float()
         return trajectory_priorities(deltas, rhos, batch.behaviour_logp, batch.mask, w1=50.0, w2=1.0, w3=0.01)
 
-    assert buf.refresh_all(score, batch_size=5) == 12
+    assert buf.refresh_next(score, len(buf), batch_size=5) == 12
     assert sorted(seen) == keys
     priorities = [buf.priority(k) for k in keys]
     assert len(set(priorities)) > 1 and all(p != 1.0 for p in priorities)

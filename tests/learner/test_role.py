@@ -240,6 +240,27 @@ def test_replay_ratio_caps_updates_per_record_read(
     assert learner.trainer.updates == 7
 
 
+def test_the_replay_cap_counts_the_records_read_before_a_restart(
+    learner_config: Callable[..., Config], started: Callable[[Config], Learner]
+) -> None:
+    # 8 records at 2 samples per record and 4 episodes a batch: 4 updates in all, whether or not the learner
+    # restarted in between. Counting only what a restarted learner read since would allow none with the collectors
+    # paused at their budget (no new record), and both sides would wait.
+    cfg = learner_config(max_replay_ratio=2.0, batch_episodes=4, min_buffer_episodes=4, max_updates=1)
+    learner = started(cfg)
+    produce(cfg, sim_events(learner.trainer.tokenizer, 8, seed=31))
+    learner.run()  # stops at max_updates with a checkpoint
+    learner.close()
+    assert learner.trainer.updates == 1
+
+    again = started(cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"max_updates": 0})}))
+    running = Running(again)
+    running.wait_for("4 updates", lambda: again.trainer.updates >= 4)
+    time.sleep(1.0)  # an uncapped learner makes several more updates of the tiny model within this second
+    running.finish()
+    assert again.trainer.updates == 4 and again.replay_ratio() == 2.0
+
+
 def test_a_fresh_adapter_is_drawn_from_the_learner_seed(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:

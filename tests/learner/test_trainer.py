@@ -68,14 +68,26 @@ def test_each_algorithm_updates_the_policy(tiny_model_dir: Path, episodes: list[
 def test_each_aride_update_rescores_the_next_share_of_the_buffer(
     tiny_model_dir: Path, episodes: list[EpisodeRecord]
 ) -> None:
-    # 24 episodes, K = 5: 5 re-scored after each update, so all of them within 5 updates and no update holds all.
+    # 24 episodes, K = 5: 4.8 owed after each update, the fraction carried over; all of them within 5 updates.
     t = trainer(tiny_model_dir, episodes, priority_refresh_interval=5)
     rescored: list[int] = []
-    score = t.buffer.update_priorities
-    t.buffer.update_priorities = lambda keys, p: rescored.extend(keys) or score(keys, p)  # type: ignore[method-assign]
+    refresh_next = t.buffer.refresh_next
+
+    def counted(score: Any, count: int, batch_size: int = 32) -> int:
+        before = t.buffer.update_priorities
+        t.buffer.update_priorities = lambda keys, p: rescored.extend(keys) or before(keys, p)  # type: ignore[method-assign]
+        try:
+            return refresh_next(score, count, batch_size)
+        finally:
+            t.buffer.update_priorities = before  # type: ignore[method-assign]
+
+    t.buffer.refresh_next = counted  # type: ignore[method-assign]
     refreshed = [t.update(version=0)["priorities_refreshed"] for _ in range(5)]  # type: ignore[index]
-    assert refreshed == [5.0] * 5
-    assert set(t.buffer.keys()) <= set(rescored)
+    assert refreshed == [4.0, 5.0, 5.0, 5.0, 5.0]
+    assert sorted(rescored) == sorted(t.buffer.keys())  # each held episode once, none twice
+    # A very large K refreshes practically never (the fraction only accumulates).
+    rare = trainer(tiny_model_dir, episodes, priority_refresh_interval=10**9)
+    assert rare.update(version=0)["priorities_refreshed"] == 0.0  # type: ignore[index]
 
 
 def test_filtered_bc_waits_for_a_success(tiny_model_dir: Path, episodes: list[EpisodeRecord]) -> None:
@@ -120,7 +132,7 @@ def test_an_impossible_action_met_by_the_priority_refresh_is_removed_not_fatal(
     )
     t = trainer(tiny_model_dir, [good[0], forged, *good[1:]])
     # Whatever an update samples, the full refresh scores every held episode, the forged one included.
-    assert t.refresh_priorities() == len(good)
+    assert t.refresh_priorities(len(t.buffer)) == len(good)
     assert t.rejected == 1
     assert [e.episode_id for _k, e in t.buffer.items()] == [e.episode_id for e in good]
 
