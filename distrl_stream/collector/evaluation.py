@@ -31,7 +31,6 @@ from distrl_stream.envs.tasks import task_pool
 from distrl_stream.errors import EvaluationError
 from distrl_stream.events import Termination, WeightVersionEvent
 from distrl_stream.inference.client import InferenceClient
-from distrl_stream.inference.server import unload_all_adapters
 from distrl_stream.policy.model_dir import load_prompter
 from distrl_stream.policy.prompt import Prompter
 
@@ -305,5 +304,7 @@ async def evaluate_versions(
                 on_result(result)
     finally:
         if evaluator is not None:
+            from distrl_stream.inference.server import unload_all_adapters  # it imports torch: only when needed
+
             await asyncio.to_thread(unload_all_adapters, server_url, api_key=cfg.inference.api_key)
     return results
