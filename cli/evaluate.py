@@ -104,7 +104,9 @@ def evaluate(
         inference = cfg.inference.model_copy(update={"port": 0})  # never the run's own server's port
         server = InferenceServer(run_command(resolve_model_dir, cfg), inference, cfg.model, log_path)
         cores = os.sched_getaffinity(0)
-        err_console.print(f"starting vLLM ({server.device}) on {len(cores)} cores, log {log_path}", highlight=False)
+        err_console.print(
+            f"starting vLLM ({server.device}) on {len(cores)} cores, log {log_path}", highlight=False, soft_wrap=True
+        )
         run_command(start_on_cores, server, cores)
         server_url = server.url
     try:
@@ -136,4 +138,4 @@ def evaluate(
                 f"{r.errors} errors"
             )
         typer.echo(f"{plan.tasks} {plan.split} tasks × {plan.episodes_per_task} episodes; interval: {INTERVAL}")
-    err_console.print(f"report: {json_path} and {markdown_path}", highlight=False)
+    err_console.print(f"report: {json_path} and {markdown_path}", highlight=False, soft_wrap=True)
