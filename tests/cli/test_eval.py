@@ -83,16 +83,16 @@ def test_eval_of_the_base_model_and_the_latest_version_reports_what_ran(
     published_run: Config, vllm_server: VllmService, tmp_path: Path
 ) -> None:
     out = tmp_path / "report" / "eval.json"
-    done = eval_cli(published_run, vllm_server, "--versions", "0,latest", "-n", "4", "-k", "2", "--out", str(out))
+    done = eval_cli(published_run, vllm_server, "--versions", "0,latest", "-n", "3", "-k", "2", "--out", str(out))
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
-    assert report["split"] == "test" and report["tasks"] == 4 and report["episodes_per_task"] == 2
+    assert report["split"] == "test" and report["tasks"] == 3 and report["episodes_per_task"] == 2
     assert [r["version"] for r in report["results"]] == [0, 2]
     for result in report["results"]:
-        check_counts(result, tasks=4, episodes_per_task=2)
+        check_counts(result, tasks=3, episodes_per_task=2)
         low, high = result["interval"]
         line = f"v{result['version']}: {result['success_rate']:.1%} ({low:.1%}-{high:.1%}), "
-        assert line + f"{result['successes']}/8 episodes, 0 errors" in done.stdout
+        assert line + f"{result['successes']}/6 episodes, 0 errors" in done.stdout
     markdown = out.with_suffix(".md").read_text()
     first_task = next(iter(report["results"][0]["by_task"]))
     assert "\n| 2 | " in markdown and "Wilson" in markdown and f"| `{first_task}` | " in markdown
@@ -101,7 +101,7 @@ def test_eval_of_the_base_model_and_the_latest_version_reports_what_ran(
     assert [e.values["policy_version"] for e in events] == [0.0, 2.0]
     for event, result in zip(events, report["results"], strict=True):
         assert event.labels["split"] == "test" and event.labels["env_kind"] == "sim"
-        assert event.values["episodes"] == 8 and event.values["successes"] == result["successes"]
+        assert event.values["episodes"] == 6 and event.values["successes"] == result["successes"]
         assert (event.values["ci_low"], event.values["ci_high"]) == pytest.approx(result["interval"])
         for template, counts in result["by_template"].items():
             assert event.values[f"successes.{template}"] == counts["successes"]
@@ -111,12 +111,12 @@ def test_eval_of_the_base_model_and_the_latest_version_reports_what_ran(
 def test_eval_of_a_range_loads_each_version_in_turn_into_the_report_in_the_run_folder(
     published_run: Config, vllm_server: VllmService
 ) -> None:
-    done = eval_cli(published_run, vllm_server, "--versions", "1-2", "-n", "3", "--split", "train", "--json")
+    done = eval_cli(published_run, vllm_server, "--versions", "1-2", "-n", "2", "--split", "train", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)
     assert [r["version"] for r in report["results"]] == [1, 2] and report["split"] == "train"
     for result in report["results"]:
-        check_counts(result, tasks=3, episodes_per_task=1)
+        check_counts(result, tasks=2, episodes_per_task=1)
     [written] = (published_run.run_dir / "eval").glob("*-train.json")
     assert json.loads(written.read_text()) == report
     assert [e.values["policy_version"] for e in eval_metrics(published_run)] == [1.0, 2.0]
