@@ -91,7 +91,7 @@ from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.bench import results_file
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
-from distrl_stream.collector.evaluation import EvalResult, VersionEvaluator, evaluate, held_out_tasks
+from distrl_stream.collector.evaluation import EvalResult, evaluate_versions, held_out_tasks
 from distrl_stream.config import (
     Config,
     InferenceConfig,
@@ -103,7 +103,7 @@ from distrl_stream.config import (
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
-from distrl_stream.inference.server import InferenceServer, ServerStartError, unload_all_adapters
+from distrl_stream.inference.server import InferenceServer, start_on_cores, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.broker import EmbeddedBroker
 from distrl_stream.kafka.consumer import read_topic
@@ -277,10 +277,9 @@ def make_warm_start(
     warm_event = next(
         decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, TopicNames(warm_cfg.run).weights)
     )
-    warm = asyncio.run(
-        VersionEvaluator(cfg, server_url, root / "staging-warm").evaluate(warm_event, tasks, concurrency=16)
+    (warm,) = asyncio.run(
+        evaluate_versions(cfg, server_url, [warm_event], tasks, staging_dir=root / "staging-warm", concurrency=16)
     )
-    unload_all_adapters(server_url, api_key=cfg.inference.api_key)
     return scripted_success, warm, warm_weights_sha256
 
 
@@ -478,16 +477,8 @@ def serve_evaluations_on_every_core(
     """
     if services.server is None or learner_cores is None or serving_cores is None:
         return None
-    every = learner_cores | serving_cores
     services.server.stop()
-    os.sched_setaffinity(0, every)  # inherited by the new server
-    try:
-        services.server.start()
-    except ServerStartError:
-        log.exception("the evaluation server did not start on cores %s; evaluating on %s", sorted(every), serving_cores)
-        os.sched_setaffinity(0, serving_cores)
-        services.server.start()
-    return sorted(os.sched_getaffinity(0))
+    return start_on_cores(services.server, learner_cores | serving_cores, fallback=serving_cores)
 
 
 def pick_versions(run: TrainRun, budget_s: float, points: int) -> list[WeightVersionEvent]:
@@ -513,26 +504,28 @@ async def evaluate_curve(
 ) -> list[dict[str, Any]]:
     """Held-out success of each picked version, in ascending order, on the evaluation server (``concurrency``
     environments at a time)."""
-    evaluator = VersionEvaluator(cfg, server_url, staging)
-    curve = []
-    try:
-        with progress_bar(f"{run.method}: evaluating versions") as update:
-            for done, event in enumerate(picked):
-                update(done, len(picked))
-                result: EvalResult = await evaluator.evaluate(event, tasks, concurrency=concurrency)
-                curve.append(
-                    {
-                        "version": event.version,
-                        "seconds": run.seconds(event),
-                        "learner_step": event.learner_step,
-                        "trajectories_consumed": event.trajectories_consumed,
-                        "success": result.success_rate,
-                        "by_template": result.by_template,
-                    }
-                )
-                log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
-    finally:
-        unload_all_adapters(server_url, api_key=cfg.inference.api_key)
+    curve: list[dict[str, Any]] = []
+
+    def add_point(result: EvalResult) -> None:
+        event = picked[len(curve)]
+        curve.append(
+            {
+                "version": event.version,
+                "seconds": run.seconds(event),
+                "learner_step": event.learner_step,
+                "trajectories_consumed": event.trajectories_consumed,
+                "success": result.success_rate,
+                "by_template": result.by_template,
+            }
+        )
+        update(len(curve), len(picked))
+        log.info("%s v%d @%.0fs: %.2f", run.method, event.version, run.seconds(event), result.success_rate)
+
+    with progress_bar(f"{run.method}: evaluating versions") as update:
+        update(0, len(picked))
+        await evaluate_versions(
+            cfg, server_url, picked, tasks, staging_dir=staging, concurrency=concurrency, on_result=add_point
+        )
     return curve
 
 
@@ -925,7 +918,7 @@ def main() -> None:
             evaluation_cores = serve_evaluations_on_every_core(services, learner_cores, serving_cores)
             # Version 0 (the base model, served again once the methods' adapters are unloaded) is evaluated as every
             # version is, on the evaluation server: on MiniWoB++ an episode's time limit makes outcomes depend on speed.
-            untrained = asyncio.run(evaluate(cfg, tasks, concurrency=eval_concurrency, version=0, base_url=server_url))
+            (untrained,) = asyncio.run(evaluate_versions(cfg, server_url, [0], tasks, concurrency=eval_concurrency))
             log.info("untrained (zero-shot) %.2f", untrained.success_rate)
             curves = {
                 m: asyncio.run(

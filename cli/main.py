@@ -10,6 +10,7 @@ from distrl_stream.cli.bench import app as bench_app
 from distrl_stream.cli.collect import collect
 from distrl_stream.cli.common import ConfigOption, OneLineErrors, RunOption, build_config
 from distrl_stream.cli.envs import app as envs_app
+from distrl_stream.cli.evaluate import evaluate
 from distrl_stream.cli.kafka import app as kafka_app
 from distrl_stream.cli.learn import learn
 from distrl_stream.cli.model import app as model_app
@@ -36,6 +37,7 @@ app.add_typer(replay_app, name="replay")
 app.command("serve")(serve)
 app.command("collect")(collect)
 app.command("learn")(learn)
+app.command("eval")(evaluate)
 app.add_typer(kafka_app, name="kafka")
 app.add_typer(topics_app, name="topics")
 app.add_typer(model_app, name="model")

@@ -149,7 +149,8 @@ def _environment(flags: dict[str, Any], prefix: str = "DISTRL_") -> dict[str, st
 def _held_out(result: dict[str, float] | None) -> str:
     if result is None:
         return "not measured"
-    return f"{100 * result['success']:.1f}% (v{int(result['version'])}, {int(result['tasks'])} test tasks)"
+    interval = f"95% {100 * result['ci_low']:.1f}-{100 * result['ci_high']:.1f}%, " if "ci_low" in result else ""
+    return f"{100 * result['success']:.1f}% ({interval}v{int(result['version'])}, {int(result['tasks'])} test tasks)"
 
 
 def _share(value: float | None) -> str:

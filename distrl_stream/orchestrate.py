@@ -20,7 +20,6 @@ Environment beats the file, so ``up``'s flags win over the file, as flags do eve
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -228,7 +227,8 @@ class UpSummary:
     broker_dir: str | None = None
     logs_dir: str = ""
     report_dir: str | None = None
-    held_out_start: dict[str, float] | None = None  # {"version", "success", "tasks"} before the learner started
+    # {"version", "success", "ci_low", "ci_high" (95% Wilson), "tasks"} before the learner started
+    held_out_start: dict[str, float] | None = None
     held_out_end: dict[str, float] | None = None  # the same for the last version served, after the learner stopped
 
     @property
@@ -274,7 +274,7 @@ class LocalStack:
         self._spawned: list[ChildProcess] = []
         self.server_url = ""
         self.started_at: float | None = None
-        self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> {"version", "success", "tasks"}
+        self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> UpSummary.held_out_start's form
         self._wandb: Tracker | None = None  # the held-out evaluations' W&B run (monitor.wandb_project), once one ran
         self._broker_was_running = False
         self._kafka_ready = False
@@ -359,17 +359,25 @@ class LocalStack:
             self._write_scrape_targets()
 
     def _evaluate(self, when: str) -> None:
-        """Held-out success of the newest version the server serves now, kept in :attr:`held_out` (a failure is
-        logged: it must not stop the run nor its ordered shutdown)."""
-        from distrl_stream.collector.evaluation import evaluate, held_out_tasks
+        """Held-out success of the newest version the server serves now, as ``distrl-stream eval`` measures it (also
+        published on ``{run}.metrics``), kept in :attr:`held_out` (a failure is logged: it must not stop the run nor
+        its ordered shutdown)."""
+        from distrl_stream.collector.heldout import EvalPlan, run_evaluation
 
-        tasks = held_out_tasks(self.cfg, self.options.eval_tasks)
+        plan = EvalPlan(tasks=self.options.eval_tasks, concurrency=8)
         try:
-            result = asyncio.run(evaluate(self.cfg, tasks, concurrency=8, base_url=self.server_url))
+            (result,) = run_evaluation(self.cfg, plan, [None], self.server_url)
         except DistrlError as exc:
             log.warning("held-out evaluation (%s) failed: %s", when, exc)
             return
-        self.held_out[when] = {"version": result.version, "success": result.success_rate, "tasks": result.episodes}
+        low, high = result.interval
+        self.held_out[when] = {
+            "version": result.version,
+            "success": result.success_rate,
+            "ci_low": low,
+            "ci_high": high,
+            "tasks": result.episodes,
+        }
         self._wandb = self._wandb or tracker(self.cfg, "evaluation", "held-out")
         if self._wandb is not None:
             self._wandb.log("held_out", self.held_out[when], step=result.version)

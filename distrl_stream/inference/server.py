@@ -47,6 +47,29 @@ def unload_all_adapters(server_url: str, timeout_s: float = 60.0, api_key: Secre
                 client.post("/v1/unload_lora_adapter", json={"lora_name": item["id"]}).raise_for_status()
 
 
+def start_on_cores(server: InferenceServer, cores: set[int], fallback: set[int] | None = None) -> list[int]:
+    """Start ``server`` with this process, whose CPU affinity it inherits, allowed ``cores``; returns the cores it
+    started on.
+
+    vLLM on CPU binds its compute threads when it starts, to the cores it may use less one kept for its scheduler, so
+    the affinity at start decides how many cores it computes on for its whole life. If it does not start on ``cores``
+    and a ``fallback`` is given, it is started there instead (the affinity stays at what it started on).
+
+    Raises:
+        ServerStartError: it did not start (on ``fallback`` either, when given).
+    """
+    os.sched_setaffinity(0, cores)
+    try:
+        server.start()
+    except ServerStartError:
+        if fallback is None:
+            raise
+        log.exception("the vLLM server did not start on cores %s; starting it on %s", sorted(cores), sorted(fallback))
+        os.sched_setaffinity(0, fallback)
+        server.start()
+    return sorted(os.sched_getaffinity(0))
+
+
 def cuda_available() -> bool:
     """Whether this machine can run vLLM's GPU build (CUDA visible to torch)."""
     import torch
