@@ -212,7 +212,7 @@ class Soak:
     def _kill_agent(self, _target: int) -> str:
         assert self.agent is not None
         members = {member_pid(self.cfg, str(rank)) for rank in range(MEMBERS)}
-        resumed = self._resumed()
+        resumed, pid = self._resumed(), self.agent.pid
         self.processes.kill(self.agent)
         self.processes.wait_for(
             "the members to end with their agent",
@@ -222,7 +222,7 @@ class Soak:
         time.sleep(SUPERVISOR_RESTART_DELAY_S)
         self.agent = self._start_agent()
         self.processes.wait_for("the restarted group", lambda: self._resumed() >= resumed + MEMBERS, 600)
-        return f"agent {self.agent.pid}"
+        return f"agent (pid {pid})"
 
     def _kill_member(self, rank: int) -> str:
         pid, resumed = member_pid(self.cfg, str(rank)), self._resumed()
