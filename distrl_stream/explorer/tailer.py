@@ -15,19 +15,16 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from distrl_stream.config import KafkaConfig
 from distrl_stream.errors import EventDecodeError, KafkaClientError
 from distrl_stream.events import DeadLetter, TrajectoryEvent, WeightVersionEvent, epoch_ms
 from distrl_stream.explorer.index import PAGE_SIZE, Coverage, DeadLetterRow, EpisodeRow, Index, dead_letter_row
+from distrl_stream.kafka import Message
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.consumer import Consumer
 from distrl_stream.kafka.registry import use_schemas
 from distrl_stream.kafka.topics import TopicNames
-
-if TYPE_CHECKING:  # for annotations only: the client itself stays behind distrl_stream/kafka (docs/design.md §10)
-    from confluent_kafka import Message
 
 log = logging.getLogger(__name__)
 
