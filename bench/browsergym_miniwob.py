@@ -6,8 +6,14 @@ The same MiniWoB++ pages (the ``miniwob`` package's), the same seeds and the sam
   choice-mode candidates solves (:func:`distrl_stream.envs.miniwob_suite.check_suite`: the scripted oracle here, the
   same depth-first search over candidates for both; the same episode budget for both, since a BrowserGym reset costs
   ten times a Selenium one, with a time budget only as a backstop);
-- **random-candidate success** on the learnable subset (8 tasks × 3 test seeds, a uniform choice among the candidates
-  at every step): how much of the task the candidate set gives away;
+- **oracle success** (``oracle_success``) on the learnable subset: the share of its test episodes, the 8 tasks of
+  ``env.miniwob_tasks`` × 3 test seeds (1, 3, 5: the random-candidate episodes' pages), that the same search solves
+  on that (task, seed): :func:`~distrl_stream.envs.miniwob_suite.check_suite` run once per seed, with the suite's
+  budget per (task, seed) for both adapters (``EPISODES_PER_TASK`` resets, ``BACKSTOP_S`` as the backstop), so an
+  episode counts when some sequence of at most 3 screen changes through the adapter's candidates earns the page's
+  reward; what a policy choosing among those candidates can reach on those pages;
+- **random-candidate success** on the same subset episodes (a uniform choice among the candidates at every step): how
+  much of the task the candidate set gives away;
 - **costs**: start, reset and step times, steps per second of one env (its resets included), and memory per env (PSS
   of the browser processes; BrowserGym's two chromiums, the task's and its chat window's, and its Playwright driver;
   Selenium's chromedriver and chromium).
@@ -75,6 +81,21 @@ def browser_root(env: EnvBase) -> int:
     raise RuntimeError("no Playwright driver under this process")
 
 
+async def oracle(factory: Callable[[], EnvBase], names: list[str], seeds: list[int]) -> dict[str, object]:
+    """The search's success on every (task, seed) of the subset's test episodes, with the suite's budget."""
+    rows = []
+    for seed in seeds:
+        found = await check_suite(
+            names, seed=seed, budget_s=BACKSTOP_S, max_episodes=EPISODES_PER_TASK, env_factory=factory
+        )
+        rows += [{"seed": seed, **dataclasses.asdict(row)} for row in found]
+    return {
+        "oracle_success": round(sum(bool(r["reachable"]) for r in rows) / len(rows), 3),
+        "oracle_episodes": len(rows),
+        "oracle_rows": rows,
+    }
+
+
 async def costs(factory: Callable[[], EnvBase], kind: str, names: list[str], episodes: int) -> dict[str, object]:
     """Start, reset and step times of one env over random-candidate episodes, then memory with two envs open."""
     template = (lambda n: n) if kind == "selenium" else (lambda n: f"browsergym/miniwob.{n}")
@@ -120,20 +141,24 @@ async def main(quick: bool) -> dict[str, object]:
     section = load_config().env
     suite = suite_tasks()[::4][: 4 if quick else None]
     subset = section.miniwob_tasks[: 2 if quick else None]
+    # The test seeds of the random-candidate episodes (SEEDS rounds over the subset): the oracle plays the same pages.
+    seeds = sorted({task.seed for task in miniwob_tasks(subset, "test", len(subset) * SEEDS)})
     adapters: dict[str, dict[str, object]] = {}
     for kind, factory in factories().items():
         started = time.perf_counter()
         rows = await check_suite(suite, budget_s=BACKSTOP_S, max_episodes=EPISODES_PER_TASK, env_factory=factory)
         counts = counts_by_reason(rows)
+        solved = await oracle(factory, subset, seeds)
         measured = await costs(factory, kind, subset, len(subset) * SEEDS)
         adapters[kind] = {
             "reachable": round(counts["reachable"] / len(rows), 3),
             "counts": counts,
+            **solved,
             **measured,
             "wall_s": round(time.perf_counter() - started, 1),
             "rows": [dataclasses.asdict(row) for row in rows],
         }
-        print(kind, {k: v for k, v in adapters[kind].items() if k != "rows"}, flush=True)
+        print(kind, {k: v for k, v in adapters[kind].items() if not k.endswith("rows")}, flush=True)
     selenium, browsergym = adapters["selenium"], adapters["browsergym"]
     both = [
         (a["task"], a["reachable"], b["reachable"])
@@ -147,6 +172,7 @@ async def main(quick: bool) -> dict[str, object]:
         "metrics": {
             "suite_tasks": len(suite),
             "subset_tasks": subset,
+            "subset_test_seeds": seeds,
             "episodes_per_task": EPISODES_PER_TASK,
             "only_selenium": [task for task, a, b in both if a and not b],
             "only_browsergym": [task for task, a, b in both if b and not a],
