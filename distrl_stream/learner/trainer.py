@@ -171,14 +171,24 @@ class FeatureCache:
     """Frozen-base prompt features for the critics, computed once per prompt (LRU, ``size`` prompts).
 
     The features come from the base model with the adapter off, which never changes while the policy learns, so a
-    cached feature is never stale.
+    cached feature is never stale. With ``shared_prefix_tokens`` the prompts computed together are packed around the
+    prefixes they share (:func:`~distrl_stream.learner.critics.prompt_features`).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Encoder, size: int, precision: Precision = "float32") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Encoder,
+        size: int,
+        precision: Precision = "float32",
+        *,
+        shared_prefix_tokens: int = 0,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.size = size
         self.precision = precision
+        self.shared_prefix_tokens = shared_prefix_tokens
         # Keyed by text or token ids, and image digest: a key never holds the screenshot itself.
         self._cache: OrderedDict[_CacheKey, Tensor] = OrderedDict()
         self.hits = 0
@@ -191,7 +201,9 @@ class FeatureCache:
         computed: Sequence[Tensor] = []
         if missing:
             with autocast(next(self.model.parameters()).device, self.precision):
-                computed = prompt_features(self.model, self.tokenizer, list(missing.values())).float()
+                computed = prompt_features(
+                    self.model, self.tokenizer, list(missing.values()), shared_prefix_tokens=self.shared_prefix_tokens
+                ).float()
         fresh = dict(zip(missing, computed, strict=True))
         self.misses += len(missing)
         self.hits += len(prompts) - len(missing)
@@ -304,7 +316,10 @@ class Trainer:
         if unpackable:
             log.info("learner.shared_prefix is off, every step's prompt is computed whole: %s", unpackable)
         self.shared_prefix = cfg.shared_prefix and unpackable is None
-        self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size, precision)
+        self.shared_prefix_tokens = MIN_SHARED_PREFIX_TOKENS if self.shared_prefix else 0
+        self.features = FeatureCache(
+            model, tokenizer, cfg.feature_cache_size, precision, shared_prefix_tokens=self.shared_prefix_tokens
+        )
         self.vocab_size = int(text_config(model).vocab_size)
         self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), self.vocab_size)
         self.updates = 0
@@ -588,7 +603,7 @@ class Trainer:
                 [e.steps[t].choices for e, t in steps],
                 temperature=self.temperature,
                 constraint=self.constraint,
-                shared_prefix_tokens=MIN_SHARED_PREFIX_TOKENS if self.shared_prefix else 0,
+                shared_prefix_tokens=self.shared_prefix_tokens,
             )
         per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
         # The A-RIDE maths and the critic heads run on the CPU beside the cached features; autograd carries the
