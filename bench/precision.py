@@ -5,11 +5,15 @@ Four measurements, side by side in one run (``--part`` runs one):
 - **learner** (``bench/pretrained.py``'s learner child, one fresh process per arm, so each peak RSS is its own): A-RIDE
   updates on episodes of the simulated phone (chat prompts, SmolLM2's token ids, the prompts' ids as the server gives
   them) at the pretrained profile's batch, one torch thread. Arms: **today** (float32, the profile as it was: 2-step
-  micro-batches with checkpointed layers) and **default** (``learner.dtype = auto``, bf16 here, with the profile of
-  ``PRETRAINED_UP_PROFILE`` now). Each child also runs a **bare** forward + backward of the same micro-batches in its
-  own precision. ``ratio`` = default update tokens/s ÷ today's (target ≥ 3.0); ``efficiency_vs_bare`` = default update
-  tokens/s ÷ a bare bf16 forward + backward of the same tokens (target ≥ 0.9); ``peak_rss_gb`` of the default arm
-  (target ≤ 3 GB).
+  micro-batches with checkpointed layers, every prompt computed whole), **unpacked** (``learner.dtype = auto``, bf16
+  here, with the profile of ``PRETRAINED_UP_PROFILE`` now, ``learner.shared_prefix`` off) and **default** (the same
+  with the shared prompt prefix computed once per pass, the default). Each child also runs a **bare** forward +
+  backward of the same micro-batches in its own precision and layout. ``ratio`` = default update tokens/s ÷ today's
+  (target ≥ 3.0); ``efficiency_vs_bare`` = default update tokens/s ÷ a bare bf16 forward + backward of the same tokens
+  without checkpointing (target ≥ 0.9); ``peak_rss_gb`` of the default arm (target ≤ 3 GB); ``shared_prefix``: the
+  default arm's update tokens/s ÷ the unpacked arm's (``ratio``; CPU seconds too, ``cpu_ratio``, which shared cores
+  disturb less) and ``shared_prefix_share``, the share of the update's prompt + action tokens the packed passes did not
+  compute.
 - **serving**: one vLLM server on SmolLM2 per precision, one after the other, the same chat prompts with candidates
   (held-out sim states of a random policy), 8 requests in flight: actions/s bf16 ÷ float32 (target ≥ 2.0).
 - **mismatch**: |log π_learner − log μ_server| per action on those answers, the base model on both sides: bf16
@@ -18,8 +22,9 @@ Four measurements, side by side in one run (``--part`` runs one):
 - **wire**: bytes per step of a TrajectoryEvent with and without ``prompt_token_ids``, Avro alone and lz4-compressed
   in batches of 16 events (the producer's ``compression.type``, lz4 frames as Kafka writes them).
 
-Usage: ``python bench/precision.py [--quick] [--part learner|serving|wire|all] [--updates N] [--prompts N]`` writes
-``bench/results/precision.json`` (a part run alone keeps the other parts' last results).
+Usage: ``python bench/precision.py [--quick] [--part learner|serving|wire|all] [--arms today,unpacked,default]
+[--updates N] [--no-bare] [--prompts N]`` writes ``bench/results/precision.json`` (a part run alone keeps the other
+parts' last results; ``--no-bare`` skips the bare passes, which take as long as the updates).
 """
 
 from __future__ import annotations
@@ -56,18 +61,41 @@ TODAY = {
     "gradient_checkpointing": True,
     "threads": 1,
     "dtype": "float32",
+    "shared_prefix": False,
 }
+LEARNER_ARMS = ("today", "unpacked", "default")
 LEARNER_KEYS = ("batch_episodes", "min_buffer_episodes", "micro_batch_steps", "gradient_checkpointing", "threads")
 
 log = logging.getLogger("bench.precision")
 
 
-def learner(updates: int) -> dict[str, Any]:
-    """Today's float32 path and the new default, each in its own child process."""
+def learner(updates: int, names: list[str], *, bare_passes: bool) -> dict[str, Any]:
+    """Today's float32 path, the bf16 profile with every prompt whole, and the default (bf16, the shared prompt prefix
+    computed once), each in its own child process."""
     profile = PRETRAINED_UP_PROFILE["learner"]
     default = {**{k: profile[k] for k in LEARNER_KEYS if k in profile}, "dtype": "auto"}
-    arms = {"today": TODAY, "default": default}
-    return {name: run_learner_child(name, settings, updates) for name, settings in arms.items()}
+    arms = {"today": TODAY, "unpacked": {**default, "shared_prefix": False}, "default": default}
+    return {name: run_learner_child(name, arms[name], updates, bare_passes=bare_passes) for name in names}
+
+
+def shared_prefix_metrics(unpacked: dict[str, Any] | None, default: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The packed passes against the unpacked ones on the same batches (None without both arms)."""
+    if not unpacked or not default:
+        return None
+    return {
+        "ratio": default["update_tokens_per_s"] / unpacked["update_tokens_per_s"],
+        "cpu_ratio": unpacked["update_cpu_s"] / default["update_cpu_s"],
+        "shared_prefix_share": 1 - default["tokens_computed_per_update"] / default["tokens_per_update"],
+        "packed_update_tokens_per_s": default["update_tokens_per_s"],
+        "unpacked_update_tokens_per_s": unpacked["update_tokens_per_s"],
+        "tokens_computed_per_update": {
+            "packed": default["tokens_computed_per_update"],
+            "unpacked": unpacked["tokens_computed_per_update"],
+        },
+        "update_s": {"packed": default["update_s"], "unpacked": unpacked["update_s"]},
+        "note": "default (the shared prompt prefix computed once per pass) ÷ unpacked (every prompt whole, padded), "
+        "both bf16 at the pretrained profile; tokens/s count each step's prompt + action tokens once in both arms",
+    }
 
 
 def serving_and_mismatch(n_prompts: int, root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -210,8 +238,17 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="2 updates per arm, 24 prompts, 8 episodes")
     parser.add_argument("--part", choices=["learner", "serving", "wire", "all"], default="all")
     parser.add_argument("--updates", type=int, help="timed A-RIDE updates per learner arm (default 5)")
+    parser.add_argument(
+        "--arms",
+        default=",".join(LEARNER_ARMS),
+        help=f"learner arms, comma-separated (default {','.join(LEARNER_ARMS)})",
+    )
+    parser.add_argument("--no-bare", action="store_true", help="skip the learner arms' bare passes")
     parser.add_argument("--prompts", type=int, help="prompts served per precision (default 96)")
     args = parser.parse_args()
+    arms = args.arms.split(",")
+    if not set(arms) <= set(LEARNER_ARMS):
+        parser.error(f"--arms: choose among {', '.join(LEARNER_ARMS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     updates = args.updates or (2 if args.quick else 5)
@@ -230,15 +267,15 @@ def main() -> None:
         for part in parts:
             progress.update(task, description=part)
             if part == "learner":
-                metrics["learner"] = learner(updates)
+                metrics["learner"] = learner(updates, arms, bare_passes=not args.no_bare)
             elif part == "serving":
                 with tempfile.TemporaryDirectory(prefix="bench-precision-") as tmp:
                     metrics["serving"], metrics["mismatch"] = serving_and_mismatch(n_prompts, Path(tmp))
             else:
                 metrics["wire"] = wire(8 if args.quick else 32)
             progress.advance(task)
-    arms = metrics.get("learner", {})
-    today, default = arms.get("today"), arms.get("default")
+    results_of = metrics.get("learner", {})
+    today, default = results_of.get("today"), results_of.get("default")
     ratio = default["update_tokens_per_s"] / today["update_tokens_per_s"] if today and default else None
     wire_bytes = metrics.get("wire", {})
     result = {
@@ -248,14 +285,16 @@ def main() -> None:
         "target": TARGET_RATIO,
         "metrics": {
             **metrics,
-            "ratio_note": "A-RIDE update tokens/s, learner.dtype auto (bf16 here) at the pretrained profile ÷ the "
-            "float32 path of before (2-step micro-batches, checkpointed layers), one torch thread",
+            "ratio_note": "A-RIDE update tokens/s, learner.dtype auto (bf16 here) with the shared prompt prefix "
+            "computed once, at the pretrained profile ÷ the float32 path of before (2-step micro-batches, checkpointed "
+            "layers, every prompt whole), one torch thread",
             # ÷ a bare bf16 forward + backward of the same micro-batches with nothing recomputed (no checkpointing).
             "efficiency_vs_bare": default["update_tokens_per_s"]
             / default.get("bare_plain_tokens_per_s", default["bare_tokens_per_s"])
-            if default
+            if default and "bare_tokens_per_s" in default
             else None,
-            "efficiency_vs_bare_checkpointed": default["ratio"] if default else None,
+            "efficiency_vs_bare_checkpointed": default.get("ratio") if default else None,
+            "shared_prefix": shared_prefix_metrics(results_of.get("unpacked"), default),
             "efficiency_target": TARGET_EFFICIENCY,
             "serving_ratio": metrics.get("serving", {}).get("ratio"),
             "serving_target": TARGET_SERVING,

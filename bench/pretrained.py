@@ -11,10 +11,13 @@ Two parts, each its own measurement (``--part``):
 - **learner**: A-RIDE updates on SmolLM2 in a fresh child process per setting (peak RSS is the child's own), on
   episodes of the simulated phone played by a noisy scripted policy (half oracle, half random; chat prompts, SmolLM2's
   token ids), at the pretrained profile's batch (``PRETRAINED_UP_PROFILE``) and one torch thread. Beside each setting,
-  in the same child, on the very micro-batches the update ran with gradient: a **bare** forward + backward of the same
-  model (decoder, LoRA trainable, a sum of the action positions' hidden states as the loss) — what this machine does
-  at best with those tokens. ``ratio`` = A-RIDE update tokens/s ÷ bare tokens/s (target ≥ 0.7); peak RSS of the
-  child during updates at the profile's batch (target ≤ 3 GB). Settings: the profile (micro-batches of
+  in the same child, on the very micro-batches the update ran with gradient, laid out as the update laid them out
+  (packed around their shared prompt prefix when ``learner.shared_prefix`` packs them): a **bare** forward + backward
+  of the same model (decoder, LoRA trainable, a sum of the action positions' hidden states as the loss) — what this
+  machine does at best with those tokens. Each child also reports the tokens its passes computed (a packed
+  sequence's, or an unpacked micro-batch's padded rows) and the process's CPU seconds an update. ``ratio`` = A-RIDE
+  update tokens/s ÷ bare tokens/s (target ≥ 0.7); peak RSS of the child during updates at the profile's batch
+  (target ≤ 3 GB). Settings: the profile (micro-batches of
   ``micro_batch_steps``), the whole batch in one pass (``micro_batch_steps`` ≥ the batch: the memory a batch costs
   without micro-batching), and the profile with gradient checkpointing.
 
@@ -128,8 +131,11 @@ async def _evaluate_v0(
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed: int) -> dict[str, Any]:
-    """A-RIDE updates at ``settings`` and the bare forward + backward on the same micro-batches; one process."""
+def learner_child(
+    model_dir: Path, settings: dict[str, Any], updates: int, seed: int, *, bare_passes: bool = True
+) -> dict[str, Any]:
+    """A-RIDE updates at ``settings`` and (``bare_passes``) the bare forward + backward on the same micro-batches;
+    one process."""
     import torch
     from transformers import AutoTokenizer
 
@@ -137,7 +143,14 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
     from distrl_stream.learner.buffer import ReplayBuffer
     from distrl_stream.learner.records import episode_from_event
     from distrl_stream.learner.trainer import Trainer, load_policy
-    from distrl_stream.policy.logprobs import decoder_states, encode_prompts
+    from distrl_stream.policy.logprobs import (
+        MIN_SHARED_PREFIX_TOKENS,
+        decoder_states,
+        encode_prompts,
+        pack_rows,
+        packed_decoder_states,
+        shared_prefix_groups,
+    )
     from distrl_stream.policy.precision import autocast, resolve_precision
 
     torch.set_num_threads(settings.get("threads", 1))
@@ -163,33 +176,73 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
     loaded_rss = _max_rss_gb()
     trainer.update("aride", version=0)  # first update: the feature cache fills, allocations settle
     grad_batches.clear()
-    started = time.perf_counter()
+    started, started_cpu = time.perf_counter(), time.process_time()
     for _ in range(updates):
         trainer.update("aride", version=0)
-    update_s = time.perf_counter() - started
+    update_s, update_cpu_s = time.perf_counter() - started, time.process_time() - started_cpu
     update_rss = _max_rss_gb()
     tokens = sum(len(p) + len(a) for prompts, actions in grad_batches for p, a in zip(prompts, actions, strict=True))
     steps = sum(len(ps) for ps, _ in grad_batches)
 
+    def packing(prompts: list[list[int]]) -> list[tuple[int, list[int]]] | None:
+        """The groups a micro-batch's pass packed, or None when it ran unpacked."""
+        groups = shared_prefix_groups(prompts, MIN_SHARED_PREFIX_TOKENS) if trainer.shared_prefix else []
+        return groups if any(prefix for prefix, _ in groups) else None
+
+    def computed(prompts: list[list[int]], actions: list[tuple[int, ...]]) -> int:
+        """Tokens a micro-batch's pass computed: a packed sequence's, or the padded rows' of an unpacked one."""
+        groups = packing(prompts)
+        if groups is None:
+            return len(prompts) * (max(map(len, prompts)) + max(max(map(len, actions)), 1))
+        logical = sum(len(p) + len(a) for p, a in zip(prompts, actions, strict=True))
+        return logical - sum((len(rows) - 1) * prefix for prefix, rows in groups)
+
+    processed = sum(computed(prompts, actions) for prompts, actions in grad_batches)
+    out = {
+        "settings": settings,
+        "precision": precision,
+        "shared_prefix": trainer.shared_prefix,
+        "updates": updates,
+        "steps_per_update": steps / updates,
+        "tokens_per_update": tokens / updates,
+        "tokens_computed_per_update": processed / updates,
+        "update_s": update_s / updates,
+        "update_cpu_s": update_cpu_s / updates,
+        "update_tokens_per_s": tokens / update_s,
+        "rss_loaded_gb": loaded_rss,
+        "rss_peak_gb": update_rss,
+    }
+    if not bare_passes:
+        return {**out, "rss_peak_all_gb": _max_rss_gb()}
+
     # The bare pass: the same micro-batches, laid out as the learner lays them out, through the decoder and back.
     params = [p for p in model.parameters() if p.requires_grad]
+
+    def padded_states(prompts: list[list[int]], actions: list[tuple[int, ...]]) -> torch.Tensor:
+        """The unpacked pass's layout: each row prompt + action, left-padded."""
+        ids = [p + list(a) for p, a in zip(prompts, actions, strict=True)]
+        width = max(len(i) for i in ids)
+        input_ids = torch.zeros((len(ids), width), dtype=torch.long)
+        attention = torch.zeros((len(ids), width), dtype=torch.long)
+        for row, row_ids in enumerate(ids):
+            input_ids[row, width - len(row_ids) :] = torch.tensor(row_ids)
+            attention[row, width - len(row_ids) :] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return decoder_states(model, input_ids, attention, positions)
 
     def bare() -> float:
         """Seconds of the bare forward + backward over every recorded micro-batch."""
         started = time.perf_counter()
         for prompts, actions in grad_batches:
-            ids = [p + list(a) for p, a in zip(prompts, actions, strict=True)]
-            width = max(len(i) for i in ids)
-            input_ids = torch.zeros((len(ids), width), dtype=torch.long)
-            attention = torch.zeros((len(ids), width), dtype=torch.long)
-            for row, row_ids in enumerate(ids):
-                input_ids[row, width - len(row_ids) :] = torch.tensor(row_ids)
-                attention[row, width - len(row_ids) :] = 1
-            positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            with autocast(torch.device("cpu"), precision):
-                hidden = decoder_states(model, input_ids, attention, positions)
             width_a = max(len(a) for a in actions)
-            hidden[:, -width_a:].float().sum().backward()
+            groups = packing(prompts)
+            with autocast(torch.device("cpu"), precision):
+                if groups is not None:
+                    packed = pack_rows(prompts, actions, groups, width_a)
+                    hidden = packed_decoder_states(model, packed)[packed.action_index]
+                else:
+                    hidden = padded_states(prompts, actions)[:, -width_a:]
+            hidden.float().sum().backward()
             for p in params:
                 p.grad = None
         return time.perf_counter() - started
@@ -201,17 +254,9 @@ def learner_child(model_dir: Path, settings: dict[str, Any], updates: int, seed:
         model.gradient_checkpointing_disable()
         plain = {"bare_plain_tokens_per_s": tokens / bare()}
     return {
-        "settings": settings,
-        "precision": precision,
-        "updates": updates,
-        "steps_per_update": steps / updates,
-        "tokens_per_update": tokens / updates,
-        "update_s": update_s / updates,
-        "update_tokens_per_s": tokens / update_s,
+        **out,
         "bare_tokens_per_s": tokens / bare_s,
         "ratio": bare_s / update_s,
-        "rss_loaded_gb": loaded_rss,
-        "rss_peak_gb": update_rss,
         "rss_peak_all_gb": _max_rss_gb(),
         **plain,
     }
@@ -255,9 +300,10 @@ def learner_efficiency(model_dir: Path, updates: int) -> dict[str, Any]:
     return {name: run_learner_child(name, values, updates) for name, values in settings.items()}
 
 
-def run_learner_child(name: str, settings: dict[str, Any], updates: int) -> dict[str, Any]:
+def run_learner_child(name: str, settings: dict[str, Any], updates: int, *, bare_passes: bool = True) -> dict[str, Any]:
     """:func:`learner_child` at ``settings`` (LearnerConfig fields) in a fresh process of this script."""
-    command = [sys.executable, __file__, "--child", json.dumps({"settings": settings, "updates": updates})]
+    spec = {"settings": settings, "updates": updates, "bare_passes": bare_passes}
+    command = [sys.executable, __file__, "--child", json.dumps(spec)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     if done.returncode != 0 or not last.startswith("{"):
@@ -283,7 +329,10 @@ def main() -> None:
         limit = CHILD_MEMORY_GB * 2**30
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         try:
-            print(json.dumps(learner_child(MODEL_DIR, spec["settings"], spec["updates"], seed=0)))
+            result = learner_child(
+                MODEL_DIR, spec["settings"], spec["updates"], seed=0, bare_passes=spec.get("bare_passes", True)
+            )
+            print(json.dumps(result))
         except (MemoryError, RuntimeError) as exc:
             if "alloc" not in str(exc).lower() and not isinstance(exc, MemoryError):
                 raise

@@ -292,6 +292,13 @@ class LearnerConfig(Section):
         description="Recompute each decoder layer's activations in the backward pass instead of keeping them "
         "(transformers' gradient checkpointing): less memory per micro-batch for a third more compute. Source: ours.",
     )
+    shared_prefix: bool = Field(
+        True,
+        description="Compute the prompt prefix an update's steps share (an episode's system message and task) once "
+        "per pass: the steps of a micro-batch are packed into one sequence where each step attends to exactly what "
+        "it attends to alone, so log π and its gradient are unchanged for fewer tokens. Text policies on sdpa "
+        "attention; image prompts take the unpacked pass (docs/learner.md). Source: ours.",
+    )
     optimizer: Literal["adam", "adamw"] = Field(
         "adam", description="Optimiser of policy and critics. Source: authors' code."
     )

@@ -21,7 +21,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from distrl_stream.policy.logprobs import Encoder, decoder_states, encode_prompts, text_config
+from distrl_stream.policy.logprobs import (
+    Encoder,
+    decoder_states,
+    encode_prompts,
+    pack_rows,
+    packed_decoder_states,
+    shared_prefix_groups,
+    text_config,
+)
 from distrl_stream.policy.prompt import ModelPrompt, prompt_image
 
 
@@ -92,6 +100,7 @@ def prompt_features(
     *,
     batch_size: int = 32,
     max_length: int = 512,
+    shared_prefix_tokens: int = 0,
 ) -> Tensor:
     """Final hidden state of each prompt's last token under the frozen base model.
 
@@ -109,6 +118,9 @@ def prompt_features(
             either: :class:`~distrl_stream.policy.prompt.TokenPrompt`).
         batch_size: prompts per forward pass.
         max_length: most tokens kept per prompt.
+        shared_prefix_tokens: pack the prompts of a pass that share at least this many leading tokens, each shared
+            prefix computed once (:func:`~distrl_stream.policy.logprobs.action_logprobs`' packing: the same
+            features); 0 never packs. Image prompts are never packed.
 
     Returns:
         ``[len(prompts), hidden_size]`` float32 tensor on the CPU, without gradient.
@@ -130,21 +142,32 @@ def prompt_features(
                 ]
                 if not all(encoded):
                     raise ValueError(f"a prompt in {list(prompts[start : start + batch_size])!r} has no tokens")
-                width = max(len(ids) for ids in encoded)
-                input_ids = torch.zeros(len(encoded), width, dtype=torch.long)
-                attention = torch.zeros(len(encoded), width, dtype=torch.long)
-                for i, ids in enumerate(encoded):
-                    input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-                    attention[i, : len(ids)] = 1
-                positions = (attention.cumsum(-1) - 1).clamp(min=0)
-                # The decoder alone: the output head's [b, width, vocabulary] logits would be thrown away.
-                hidden = decoder_states(
-                    model, input_ids.to(device), attention.to(device), positions.to(device), inputs.images_to(device)
-                )
-                last = attention.sum(dim=1) - 1
-                rows.append(hidden[torch.arange(len(encoded), device=device), last.to(device)].float().cpu())
+                groups = shared_prefix_groups(encoded, shared_prefix_tokens) if shared_prefix_tokens else []
+                if any(prefix for prefix, _ in groups) and not inputs.images:
+                    # An empty action's index is its row's last prompt token.
+                    packed = pack_rows(encoded, [()] * len(encoded), groups, 1)
+                    last_states = packed_decoder_states(model, packed)[packed.action_index[:, 0].to(device)]
+                else:
+                    last_states = _last_token_states(model, encoded, inputs.images_to(device))
+                rows.append(last_states.float().cpu())
     finally:
         model.train(was_training)
     if not rows:
         return torch.zeros(0, text_config(model).hidden_size)
     return torch.cat(rows)
+
+
+def _last_token_states(model: Any, encoded: Sequence[Sequence[int]], images: dict[str, Tensor]) -> Tensor:
+    """``[len(encoded), hidden]``: the last token's hidden state of each prompt, the prompts right-padded."""
+    device = next(model.parameters()).device
+    width = max(len(ids) for ids in encoded)
+    input_ids = torch.zeros(len(encoded), width, dtype=torch.long)
+    attention = torch.zeros(len(encoded), width, dtype=torch.long)
+    for i, ids in enumerate(encoded):
+        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[i, : len(ids)] = 1
+    positions = (attention.cumsum(-1) - 1).clamp(min=0)
+    # The decoder alone: the output head's [b, width, vocabulary] logits would be thrown away.
+    hidden = decoder_states(model, input_ids.to(device), attention.to(device), positions.to(device), images)
+    last = attention.sum(dim=1) - 1
+    return hidden[torch.arange(len(encoded), device=device), last.to(device)]

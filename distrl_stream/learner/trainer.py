@@ -6,7 +6,8 @@ Read :meth:`Trainer.aride_update` against docs/design.md §5: it is docs/learner
   shape the inference server accepts (:func:`load_policy`);
 - log π(a_t|s_t) and the per-token entropy come from :func:`distrl_stream.policy.logprobs.action_logprobs` on the
   very prompt the collector sent (:meth:`Trainer.step_prompt`, the base model's :class:`Prompter`), under the same
-  choice constraint as the server in choice mode, one micro-batch of steps per forward pass;
+  choice constraint as the server in choice mode, one micro-batch of steps per forward pass (the steps' shared
+  prompt prefix computed once, `learner.shared_prefix`);
 - V(s_t) is the step critic on the frozen base model's prompt features, cached per prompt (:class:`FeatureCache`:
   the base never changes, so neither do the features);
 - the DPER priorities of the sampled episodes are refreshed after every update, and the next
@@ -50,6 +51,7 @@ from distrl_stream.learner.records import (
     step_screenshot,
 )
 from distrl_stream.policy.logprobs import (
+    MIN_SHARED_PREFIX_TOKENS,
     ChoiceConstraint,
     Encoder,
     action_logprobs,
@@ -58,6 +60,7 @@ from distrl_stream.policy.logprobs import (
     encode_prompts,
     text_config,
     text_tokenizer,
+    use_shared_prefix_attention,
 )
 from distrl_stream.policy.model import load_base_model
 from distrl_stream.policy.precision import Precision, autocast, torch_dtype
@@ -168,14 +171,24 @@ class FeatureCache:
     """Frozen-base prompt features for the critics, computed once per prompt (LRU, ``size`` prompts).
 
     The features come from the base model with the adapter off, which never changes while the policy learns, so a
-    cached feature is never stale.
+    cached feature is never stale. With ``shared_prefix_tokens`` the prompts computed together are packed around the
+    prefixes they share (:func:`~distrl_stream.learner.critics.prompt_features`).
     """
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Encoder, size: int, precision: Precision = "float32") -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Encoder,
+        size: int,
+        precision: Precision = "float32",
+        *,
+        shared_prefix_tokens: int = 0,
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.size = size
         self.precision = precision
+        self.shared_prefix_tokens = shared_prefix_tokens
         # Keyed by text or token ids, and image digest: a key never holds the screenshot itself.
         self._cache: OrderedDict[_CacheKey, Tensor] = OrderedDict()
         self.hits = 0
@@ -188,7 +201,9 @@ class FeatureCache:
         computed: Sequence[Tensor] = []
         if missing:
             with autocast(next(self.model.parameters()).device, self.precision):
-                computed = prompt_features(self.model, self.tokenizer, list(missing.values())).float()
+                computed = prompt_features(
+                    self.model, self.tokenizer, list(missing.values()), shared_prefix_tokens=self.shared_prefix_tokens
+                ).float()
         fresh = dict(zip(missing, computed, strict=True))
         self.misses += len(missing)
         self.hits += len(prompts) - len(missing)
@@ -296,7 +311,15 @@ class Trainer:
             # Non-reentrant: the frozen embedding's output needs no gradient for the layers' recomputation to work.
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.train()  # transformers checkpoints only in training mode; the policy has no dropout (lora_dropout)
-        self.features = FeatureCache(model, tokenizer, cfg.feature_cache_size, precision)
+        # Packed passes compute the prompt prefix an episode's steps share once (docs/learner.md).
+        unpackable = use_shared_prefix_attention(model) if cfg.shared_prefix else None
+        if unpackable:
+            log.info("learner.shared_prefix is off, every step's prompt is computed whole: %s", unpackable)
+        self.shared_prefix = cfg.shared_prefix and unpackable is None
+        self.shared_prefix_tokens = MIN_SHARED_PREFIX_TOKENS if self.shared_prefix else 0
+        self.features = FeatureCache(
+            model, tokenizer, cfg.feature_cache_size, precision, shared_prefix_tokens=self.shared_prefix_tokens
+        )
         self.vocab_size = int(text_config(model).vocab_size)
         self.constraint = ChoiceConstraint(text_tokenizer(tokenizer), self.vocab_size)
         self.updates = 0
@@ -542,8 +565,11 @@ class Trainer:
             ActionConstraintError: a choice-mode action whose tokens the candidates' grammar forbids.
         """
         steps = [(e, t) for e in episodes for t in range(len(e))]
-        # Micro-batches of steps of similar length: each is padded to its longest, so sorted ones pad the least.
-        order = sorted(range(len(steps)), key=lambda i: _step_tokens(*steps[i]))
+        # Packed passes keep an episode's steps together (they share their prompt's start) and pad nothing; unpacked
+        # micro-batches are of steps of similar length: each is padded to its longest, so sorted ones pad the least.
+        order = list(range(len(steps)))
+        if not self.shared_prefix:
+            order.sort(key=lambda i: _step_tokens(*steps[i]))
         steps = [steps[i] for i in order]
         size = self.cfg.micro_batch_steps or max(len(steps), 1)
         if len(steps) <= size or not torch.is_grad_enabled():
@@ -577,6 +603,7 @@ class Trainer:
                 [e.steps[t].choices for e, t in steps],
                 temperature=self.temperature,
                 constraint=self.constraint,
+                shared_prefix_tokens=self.shared_prefix_tokens,
             )
         per_step_entropy = out.entropy.sum(-1) / out.mask.sum(-1).clamp(min=1)
         # The A-RIDE maths and the critic heads run on the CPU beside the cached features; autograd carries the

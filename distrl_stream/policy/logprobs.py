@@ -15,6 +15,10 @@ Everything is differentiable with respect to the model's parameters; the learner
 A vision policy's prompts are :class:`~distrl_stream.policy.prompt.ImagePrompt`: its processor (in place of the
 tokenizer) encodes the text with the image placeholder expanded as the server expands it, and the image's pixels
 enter the forward pass, so log π(a | image, text) is what the server computed (docs/design.md §6.1).
+
+Rows whose prompts begin with the same tokens (an episode's steps: system message and task) can be packed into one
+sequence where that prefix is computed once (:func:`shared_prefix_groups`, :class:`PrefixLayout`): every row attends
+to exactly what it attends to alone, so log π and its gradient are the same, for fewer tokens (docs/learner.md).
 """
 
 from __future__ import annotations
@@ -22,11 +26,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers import AttentionInterface, PreTrainedTokenizerBase, ProcessorMixin
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from distrl_stream.errors import ActionConstraintError, LearnerError
 from distrl_stream.policy.prompt import ImagePrompt, ModelPrompt, TokenPrompt
@@ -237,6 +244,251 @@ def decoder_states(
     return out.last_hidden_state
 
 
+# The policy's attention when packed passes are possible: sdpa, and prefix-aware when a pass brings a PrefixLayout.
+SHARED_PREFIX_ATTENTION = "sdpa_shared_prefix"
+# Rows are packed only around prefixes of at least this many tokens (chosen, not tuned): packing costs gathers around
+# every attention layer, which a few shared tokens would not repay.
+MIN_SHARED_PREFIX_TOKENS = 16
+# A packed pass's attention rows are grouped by width in steps of this many tokens, one sdpa call per group.
+ROW_WIDTH_STEP = 64
+
+
+@dataclass
+class PrefixLayout:
+    """How the tokens of a packed sequence attend to each other.
+
+    The sequence is cut into blocks of consecutive tokens: each group's shared prefix, and each row's own tokens (the
+    rest of its prompt, its action). Attention gathers every block into a row of its own, its context (its group's
+    prefix; none for a prefix) then its tokens, and runs causal sdpa over those rows: each token sees its row's
+    prefix and the row's tokens before it, exactly as when the row is computed alone, and nothing of the other rows.
+    Rows of about the same width share an sdpa call (a call pads its rows to its widest, and a row costs its width
+    squared), so attention costs what each row's own does; a prefix's queries, recomputed in each of its rows, are
+    the only work repeated.
+
+    Attributes:
+        rows: per sdpa call, ``[rows, width]`` the sequence positions of each row: its context, then its own
+            tokens, then padding (position 0), which comes after every real token and so is out of their causal view.
+        unpack: ``[N]`` where each position's output lies in the calls' outputs, flattened and concatenated: in its
+            own block's row.
+        calls: attention layers that used this layout (checked against the model's layers after a pass).
+    """
+
+    rows: tuple[Tensor, ...]
+    unpack: Tensor
+    calls: int = 0
+
+    @classmethod
+    def of_blocks(cls, blocks: Sequence[tuple[int, int, int, int]], length: int) -> PrefixLayout:
+        """The layout of a sequence of ``length`` tokens cut into ``blocks`` of (start, length, context start,
+        context length)."""
+        widths = [context_n + n for _, n, _, context_n in blocks]
+        calls: dict[int, list[int]] = {}
+        for b, width in enumerate(widths):
+            calls.setdefault(-(-width // ROW_WIDTH_STEP), []).append(b)
+        rows: list[Tensor] = []
+        unpack = torch.empty(length, dtype=torch.long)
+        offset = 0
+        for members in calls.values():
+            index = torch.zeros((len(members), max(widths[b] for b in members)), dtype=torch.long)
+            for row, b in enumerate(members):
+                start, n, context_start, context_n = blocks[b]
+                index[row, :context_n] = torch.arange(context_start, context_start + context_n)
+                index[row, context_n : context_n + n] = torch.arange(start, start + n)
+                unpack[start : start + n] = offset + row * index.shape[1] + context_n + torch.arange(n)
+            rows.append(index)
+            offset += index.numel()
+        return cls(tuple(rows), unpack)
+
+    def to(self, device: torch.device) -> PrefixLayout:
+        """The layout's tensors on ``device``."""
+        return PrefixLayout(tuple(index.to(device) for index in self.rows), self.unpack.to(device))
+
+    def attend(
+        self, module: torch.nn.Module, query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling: float | None
+    ) -> Tensor:
+        """Causal sdpa over the rows: ``query`` ``[1, heads, N, dim]`` and ``key``/``value`` ``[1, kv heads, N,
+        dim]`` of the packed sequence give its attention output ``[1, N, heads, dim]``."""
+        self.calls += 1
+        outputs = []
+        for index in self.rows:
+            # [1, h, N, d] -> [rows, h, width, d]
+            q, k, v = (
+                s[0][:, index.flatten()].unflatten(1, tuple(index.shape)).transpose(0, 1) for s in (query, key, value)
+            )
+            out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, is_causal=True)
+            outputs.append(out.flatten(0, 1))  # out: [rows, width, heads, dim]
+        return torch.cat(outputs)[self.unpack].unsqueeze(0)
+
+
+def _shared_prefix_attention(
+    module: torch.nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    shared_prefix: PrefixLayout | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None]:
+    """transformers' sdpa attention, or :meth:`PrefixLayout.attend` on a pass that gives a layout (a keyword argument
+    of the decoder's forward, which transformers hands to every attention layer)."""
+    if shared_prefix is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    return shared_prefix.attend(module, query, key, value, dropout, scaling), None
+
+
+# transformers' extension point for attention functions; its masks are sdpa's, so unpacked passes are sdpa's exactly.
+AttentionInterface.register(SHARED_PREFIX_ATTENTION, _shared_prefix_attention)
+AttentionMaskInterface.register(SHARED_PREFIX_ATTENTION, sdpa_mask)
+
+
+def use_shared_prefix_attention(model: torch.nn.Module) -> str | None:
+    """Give the policy the attention packed passes need (:data:`SHARED_PREFIX_ATTENTION`: sdpa for every other pass).
+
+    Returns:
+        None when it has it, else why it cannot: a vision-language model (its image features are placed by token
+        position, which packing moves), an attention other than sdpa, or layers that do not attend over the whole
+        sequence (a sliding window).
+    """
+    base = _causal_lm(model)
+    config = base.config
+    if config._attn_implementation == SHARED_PREFIX_ATTENTION:
+        return None
+    if getattr(config, "vision_config", None) is not None:
+        return "the policy is a vision-language model"
+    if config._attn_implementation != "sdpa":
+        return f"the policy's attention is {config._attn_implementation}, not sdpa"
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or ()):
+        return "the policy has layers that do not attend over the whole sequence"
+    base.set_attn_implementation(SHARED_PREFIX_ATTENTION)
+    if config._attn_implementation != SHARED_PREFIX_ATTENTION:
+        return f"{type(base).__name__} does not take an attention function"
+    return None
+
+
+def shared_prefix_groups(prompt_ids: Sequence[Sequence[int]], min_tokens: int) -> list[tuple[int, list[int]]]:
+    """Rows grouped around a shared leading run of prompt tokens, to compute each run once.
+
+    Sorted, prompts that share the most are neighbours; a group is a run of them and its prefix the run's common
+    prefix, short of each prompt's last token (whose hidden state predicts the row's first action token, so every
+    row keeps one prompt token of its own). The runs maximise the tokens saved, Σ (rows − 1) × prefix, over prefixes
+    of at least ``min_tokens`` (an exact dynamic programme over the sorted rows).
+
+    Returns:
+        (prefix length, rows) for every row's group; a row no prefix is worth sharing with is a group of one,
+        prefix 0.
+    """
+    order = sorted(range(len(prompt_ids)), key=lambda i: tuple(prompt_ids[i]))
+    # common[j]: the tokens the j-th sorted prompt shares with the one before it.
+    common = [0] + [_common_prefix(prompt_ids[a], prompt_ids[b]) for a, b in pairwise(order)]
+    saved = [0] * (len(order) + 1)  # saved[j]: the most the first j sorted rows can save
+    start_of = list(range(-1, len(order)))  # where the best last group of the first j rows starts
+    prefix_of = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        saved[end] = saved[end - 1]
+        prefix = len(prompt_ids[order[end - 1]]) - 1
+        for start in range(end - 2, -1, -1):
+            prefix = min(prefix, common[start + 1], len(prompt_ids[order[start]]) - 1)
+            if prefix < min_tokens:
+                break  # a longer run only shares less
+            if saved[start] + (end - start - 1) * prefix > saved[end]:
+                saved[end] = saved[start] + (end - start - 1) * prefix
+                start_of[end], prefix_of[end] = start, prefix
+    groups: list[tuple[int, list[int]]] = []
+    end = len(order)
+    while end > 0:
+        start = start_of[end]
+        groups.append((prefix_of[end], sorted(order[start:end])))
+        end = start
+    return groups[::-1]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """A batch of (prompt, action) rows as one sequence, each group's shared prefix once (:func:`pack_rows`).
+
+    Attributes:
+        input_ids: ``[1, N]`` the groups one after the other: a group's prefix, then each of its rows' rest of the
+            prompt and action.
+        position_ids: ``[1, N]`` each token's position in its own row (a row's tokens continue from its prefix).
+        layout: what each token attends to.
+        action_index: ``[B, width_a]`` the position whose hidden state predicts each action token (padding repeats a
+            row's last one).
+    """
+
+    input_ids: Tensor
+    position_ids: Tensor
+    layout: PrefixLayout
+    action_index: Tensor
+
+
+def pack_rows(
+    prompt_ids: Sequence[Sequence[int]],
+    action_ids: Sequence[Sequence[int]],
+    groups: Sequence[tuple[int, Sequence[int]]],
+    width_a: int,
+) -> PackedRows:
+    """Pack the rows by their :func:`shared_prefix_groups`, actions padded to ``width_a`` in the index."""
+    tokens: list[int] = []
+    positions: list[int] = []
+    blocks: list[tuple[int, int, int, int]] = []
+    action_index = torch.zeros((len(prompt_ids), width_a), dtype=torch.long)
+    for prefix, rows in groups:
+        prefix_start = len(tokens)
+        if prefix:
+            blocks.append((prefix_start, prefix, 0, 0))
+            tokens += prompt_ids[rows[0]][:prefix]
+            positions += range(prefix)
+        for row in rows:
+            own = [*prompt_ids[row][prefix:], *action_ids[row]]
+            blocks.append((len(tokens), len(own), prefix_start, prefix))
+            # The row's last prompt token predicts its first action token.
+            last_prompt = len(tokens) + len(prompt_ids[row]) - prefix - 1
+            action_index[row] = last_prompt + torch.arange(width_a).clamp(max=max(len(action_ids[row]) - 1, 0))
+            tokens += own
+            positions += range(prefix, prefix + len(own))
+    return PackedRows(
+        torch.tensor([tokens], dtype=torch.long),
+        torch.tensor([positions], dtype=torch.long),
+        PrefixLayout.of_blocks(blocks, len(tokens)),
+        action_index,
+    )
+
+
+def packed_decoder_states(model: torch.nn.Module, packed: PackedRows) -> Tensor:
+    """:func:`decoder_states` of a packed sequence, ``[N, hidden]``.
+
+    Raises:
+        LearnerError: the policy's attention is not :data:`SHARED_PREFIX_ATTENTION` in every layer.
+    """
+    device = next(model.parameters()).device
+    layout = packed.layout.to(device)
+    length = packed.input_ids.shape[1]
+    # transformers takes a 4D mask as given and builds none; the layout, not this placeholder, says what is seen.
+    placeholder = torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device).expand(1, 1, length, length)
+    out = _causal_lm(model).get_decoder()(
+        input_ids=packed.input_ids.to(device),
+        attention_mask=placeholder,
+        position_ids=packed.position_ids.to(device),
+        use_cache=False,
+        shared_prefix=layout,
+    )
+    layers = text_config(model).num_hidden_layers
+    if layout.calls != layers:
+        raise LearnerError(
+            f"a packed pass reached {layout.calls} of the policy's {layers} attention layers through "
+            f"{SHARED_PREFIX_ATTENTION} (use_shared_prefix_attention first)"
+        )
+    return out.last_hidden_state[0]
+
+
 def _causal_lm(model: torch.nn.Module) -> Any:
     """The transformers model under a peft wrapper (or the model itself)."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -288,6 +540,7 @@ def action_logprobs(
     *,
     temperature: float = 1.0,
     constraint: ChoiceConstraint | None = None,
+    shared_prefix_tokens: int = 0,
 ) -> ActionLogProbs:
     """Compute log π(a|s) for a batch, differentiably.
 
@@ -306,12 +559,16 @@ def action_logprobs(
             None for the whole argument means free mode for all.
         temperature: the sampling temperature the server used (processed log-probs are after temperature).
         constraint: a reusable :class:`ChoiceConstraint`; built from ``tokenizer`` when needed and not given.
+        shared_prefix_tokens: pack rows whose prompts share at least this many leading tokens into one sequence
+            that computes the shared prefix once (the same log π and gradient); 0 never packs. The model needs
+            :func:`use_shared_prefix_attention`; a batch with images is never packed.
 
     Returns:
         :class:`ActionLogProbs` with tensors on the model's device.
 
     Raises:
         ActionConstraintError: an action's tokens are impossible under its candidates.
+        LearnerError: a packed pass on a model without :func:`use_shared_prefix_attention`.
     """
     if len(prompts) != len(action_token_ids) or (candidates is not None and len(candidates) != len(prompts)):
         raise ValueError("prompts, action_token_ids and candidates must have the same length")
@@ -320,25 +577,15 @@ def action_logprobs(
     batch = len(prompts)
     encoded = encode_prompts(tokenizer, prompts)
     prompt_ids = encoded.input_ids
-    width_p = max(len(p) for p in prompt_ids)
     width_a = max(max((len(a) for a in action_token_ids), default=0), 1)
     tokenizer = text_tokenizer(tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-
-    # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
-    # the hidden states serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
-    input_ids = torch.full((batch, width_p + width_a), pad, dtype=torch.long)
-    attention = torch.zeros((batch, width_p + width_a), dtype=torch.long)
-    for row, (p_ids, a_ids) in enumerate(zip(prompt_ids, action_token_ids, strict=True)):
-        input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(p_ids)
-        input_ids[row, width_p : width_p + len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
-        attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
-    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    # The hidden state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
-    hidden = decoder_states(
-        model, input_ids.to(device), attention.to(device), position_ids.to(device), encoded.images_to(device)
-    )
-    hidden = hidden[:, width_p - 1 : width_p - 1 + width_a]
+    groups = shared_prefix_groups(prompt_ids, shared_prefix_tokens) if shared_prefix_tokens else []
+    if any(prefix for prefix, _ in groups) and not encoded.images:
+        packed = pack_rows(prompt_ids, action_token_ids, groups, width_a)
+        hidden = packed_decoder_states(model, packed)[packed.action_index.to(device)]
+    else:
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        hidden = _padded_action_states(model, encoded, action_token_ids, width_a, pad)
 
     token_lp = torch.zeros((batch, width_a), device=device)
     entropy = torch.zeros((batch, width_a), device=device)
@@ -371,6 +618,34 @@ def action_logprobs(
         token_lp = token_lp.masked_scatter(where, lp)
         entropy = entropy.masked_scatter(where, ent)
     return ActionLogProbs(token_logprobs=token_lp, entropy=entropy, mask=mask.to(device))
+
+
+def _padded_action_states(
+    model: torch.nn.Module,
+    encoded: EncodedPrompts,
+    action_token_ids: Sequence[Sequence[int]],
+    width_a: int,
+    pad: int,
+) -> Tensor:
+    """``[B, width_a, hidden]``: the hidden state that predicts each action token, one padded row per prompt."""
+    device = next(model.parameters()).device
+    prompt_ids = encoded.input_ids
+    batch = len(prompt_ids)
+    width_p = max(len(p) for p in prompt_ids)
+    # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
+    # the hidden states serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
+    input_ids = torch.full((batch, width_p + width_a), pad, dtype=torch.long)
+    attention = torch.zeros((batch, width_p + width_a), dtype=torch.long)
+    for row, (p_ids, a_ids) in enumerate(zip(prompt_ids, action_token_ids, strict=True)):
+        input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(p_ids)
+        input_ids[row, width_p : width_p + len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
+        attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    # The hidden state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
+    hidden = decoder_states(
+        model, input_ids.to(device), attention.to(device), position_ids.to(device), encoded.images_to(device)
+    )
+    return hidden[:, width_p - 1 : width_p - 1 + width_a]
 
 
 def _gather_and_entropy(logp: Tensor, picked: Tensor) -> tuple[Tensor, Tensor]:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distrl_stream.learner import aride
+from distrl_stream.learner import aride, critics
 from distrl_stream.learner.critics import StepCritic, TrajectoryCritic, ValueHead, prompt_features
+from distrl_stream.policy.logprobs import PackedRows, use_shared_prefix_attention
 
 torch.set_num_threads(1)
 
@@ -116,3 +117,21 @@ def test_prompt_features_come_from_the_frozen_base_not_the_lora_adapter(tiny_lm:
         assert torch.allclose(prompt_features(peft_model, tokenizer, PROMPTS), base, atol=1e-5)
     finally:
         peft_model.unload()
+
+
+def test_packed_prompt_features_are_the_unpacked_ones(tiny_lm: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tokenizer = tiny_lm
+    assert use_shared_prefix_attention(model) is None
+    shared = f"{PROMPTS[2]} {PROMPTS[0]}"  # a long common start
+    prompts = [f"{shared} [4] OK", f"{shared} [4] Cancel [5] Help", PROMPTS[1], shared]
+    packed_rows: list[int] = []
+    run = critics.packed_decoder_states
+
+    def counted(model: torch.nn.Module, packed: PackedRows) -> torch.Tensor:
+        packed_rows.append(len(packed.action_index))
+        return run(model, packed)
+
+    monkeypatch.setattr(critics, "packed_decoder_states", counted)
+    packed = prompt_features(model, tokenizer, prompts, shared_prefix_tokens=16)
+    assert packed_rows == [4]
+    assert torch.allclose(packed, prompt_features(model, tokenizer, prompts), atol=1e-5)

@@ -21,6 +21,7 @@ from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.policy import logprobs
 from distrl_stream.policy.precision import Precision
 from distrl_stream.policy.prompt import Prompter, build_prompt
 from tests.learner.simdata import sim_event, sim_events
@@ -344,11 +345,12 @@ def test_bf16_autocast_keeps_log_pi_near_float32_and_master_weights_in_float32(
     assert {p.dtype for p in half.policy_params} == {torch.float32}
 
 
-def test_length_sorted_micro_batches_give_each_step_its_own_log_pi_in_episode_order(
-    tiny_model_dir: Path, episodes: list[EpisodeRecord]
+@pytest.mark.parametrize("shared_prefix", [False, True], ids=["length_sorted", "packed"])
+def test_micro_batches_give_each_step_its_own_log_pi_in_episode_order(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord], shared_prefix: bool
 ) -> None:
     batch = episodes[:6]
-    t = trainer(tiny_model_dir, batch, micro_batch_steps=4)
+    t = trainer(tiny_model_dir, batch, micro_batch_steps=4, shared_prefix=shared_prefix)
     with torch.no_grad():
         logp = t.policy_terms(batch, collate(batch).mask)[0]
         one_by_one = [float(t._step_terms([(e, s)])[0][0]) for e in batch for s in range(len(e))]
@@ -361,3 +363,54 @@ def test_length_sorted_micro_batches_give_each_step_its_own_log_pi_in_episode_or
         for step in range(n):
             expected[row, step] = next(flat)
     assert torch.allclose(logp, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"micro_batch_steps": 3}, {"gradient_checkpointing": True}],
+    ids=["one_pass", "micro_batches", "checkpointing"],
+)
+def test_packed_passes_give_the_unpacked_log_pi_and_gradient(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord], settings: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    torch.manual_seed(0)
+    unpacked = trainer(tiny_model_dir, episodes, shared_prefix=False, **settings)
+    torch.manual_seed(0)
+    packed = trainer(tiny_model_dir, episodes, **settings)
+    assert packed.shared_prefix and not unpacked.shared_prefix
+    passes: list[int] = []
+    run = logprobs.packed_decoder_states
+
+    def counted(model: torch.nn.Module, rows: logprobs.PackedRows) -> torch.Tensor:
+        passes.append(rows.input_ids.shape[1])
+        return run(model, rows)
+
+    monkeypatch.setattr(logprobs, "packed_decoder_states", counted)
+    batch = episodes[:4]
+    with torch.no_grad():
+        expected_logp, expected_entropy = unpacked.policy_terms(batch, collate(batch).mask)
+        assert not passes
+        logp, entropy = packed.policy_terms(batch, collate(batch).mask)
+        assert passes
+    torch.testing.assert_close(logp, expected_logp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(entropy, expected_entropy, atol=1e-5, rtol=0)
+    expected = _first_update_gradients(unpacked, "aride")
+    got = _first_update_gradients(packed, "aride")
+    assert any(g.abs().sum() > 0 for g in expected)
+    for a, b in zip(expected, got, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
+
+
+def test_a_policy_without_sdpa_attention_takes_the_unpacked_pass(
+    tiny_model_dir: Path, episodes: list[EpisodeRecord], caplog: pytest.LogCaptureFixture
+) -> None:
+    model, tokenizer = load_policy(tiny_model_dir, ModelConfig())
+    model.get_base_model().set_attn_implementation("eager")
+    cfg = LearnerConfig(batch_episodes=4, min_buffer_episodes=4)
+    with caplog.at_level("INFO", logger="distrl_stream.learner.trainer"):
+        t = Trainer(cfg, model, tokenizer, ReplayBuffer.from_config(cfg))
+    assert not t.shared_prefix
+    assert "shared_prefix is off, every step's prompt is computed whole: the policy's attention is eager" in caplog.text
+    for episode in episodes:
+        t.buffer.add(episode)
+    assert t.update("aride", version=0) is not None

@@ -14,7 +14,12 @@ from distrl_stream.config import ModelConfig, load_config
 from distrl_stream.errors import ConfigError, ModelBuildError
 from distrl_stream.learner.critics import prompt_features
 from distrl_stream.learner.trainer import load_policy, lora_target_modules
-from distrl_stream.policy.logprobs import action_logprobs, encode_prompts, text_tokenizer
+from distrl_stream.policy.logprobs import (
+    action_logprobs,
+    encode_prompts,
+    text_tokenizer,
+    use_shared_prefix_attention,
+)
 from distrl_stream.policy.model import build_model, load_base_model
 from distrl_stream.policy.model_dir import load_prompter, reads_screenshots
 from distrl_stream.policy.prompt import IMAGE_PART, ImagePrompt, Prompter
@@ -93,6 +98,20 @@ def test_log_pi_of_an_image_prompt_is_the_models_own_forward_and_depends_on_the_
             reference.append(logp.gather(-1, torch.tensor(action).unsqueeze(-1)).sum().item())
     assert ours.logprob.tolist() == pytest.approx(reference, abs=1e-4)
     assert abs(reference[0] - reference[1]) > 1e-4  # the image reaches the policy
+
+
+def test_image_prompts_are_never_packed(vl_dir: Path) -> None:
+    # Packing moves tokens, and the model places an image's features by token position: the unpacked pass.
+    model, processor = load_policy(vl_dir, ModelConfig(), vision=True)
+    model.eval()
+    assert use_shared_prefix_attention(model) == "the policy is a vision-language model"
+    red, blue = image_prompt(vl_dir, (200, 30, 30)), image_prompt(vl_dir, (30, 30, 200))
+    tokenizer = text_tokenizer(processor)
+    action = [*tokenizer(CANDIDATES[1])["input_ids"], tokenizer.eos_token_id]
+    with torch.no_grad():
+        asked = action_logprobs(model, processor, [red, blue], [action, action], shared_prefix_tokens=1)
+        unpacked = action_logprobs(model, processor, [red, blue], [action, action])
+    assert torch.equal(asked.token_logprobs, unpacked.token_logprobs)
 
 
 def test_lora_trains_the_language_tower_only(vl_dir: Path) -> None:
