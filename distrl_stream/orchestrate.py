@@ -84,8 +84,10 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # Server and learner in the precision `auto` picks (bf16 on these CPUs' AVX-512 BF16 units): ρ clipping and
     # Retrace absorb the bf16 log-prob gap (docs/learner.md, "Precision").
     "inference": {"max_model_len": 2048},
-    # Fewer envs leave CPU to the learner; each episode is trained on about once before the collectors pause.
-    "collector": {"envs": 2, "samples_per_insert": 1.0},
+    # Fewer envs leave CPU to the learner. Unpaused, two envs finish ~2.5 times the episodes one learner core trains
+    # on: at one sample per episode the collectors sat paused 57% of a run (docs/cli.md), at two episodes per sample
+    # DPER chooses which half to learn from, as the paper's never-waiting collectors leave it to.
+    "collector": {"envs": 2, "samples_per_insert": 0.5},
     "learner": {
         "batch_episodes": 2,
         "min_buffer_episodes": 4,
