@@ -315,8 +315,7 @@ class Trainer:
         unpackable = use_shared_prefix_attention(model) if cfg.shared_prefix else None
         if unpackable:
             log.info("learner.shared_prefix is off, every step's prompt is computed whole: %s", unpackable)
-        self.shared_prefix = cfg.shared_prefix and unpackable is None
-        self.shared_prefix_tokens = MIN_SHARED_PREFIX_TOKENS if self.shared_prefix else 0
+        self.shared_prefix_tokens = MIN_SHARED_PREFIX_TOKENS if cfg.shared_prefix and unpackable is None else 0
         self.features = FeatureCache(
             model, tokenizer, cfg.feature_cache_size, precision, shared_prefix_tokens=self.shared_prefix_tokens
         )
@@ -548,6 +547,11 @@ class Trainer:
         }
 
     # -- pieces of the update ------------------------------------------------------------------------------------
+
+    @property
+    def shared_prefix(self) -> bool:
+        """Whether this trainer's passes pack steps around their shared prompt prefix."""
+        return self.shared_prefix_tokens > 0
 
     def policy_terms(self, episodes: Sequence[EpisodeRecord], mask: Tensor) -> tuple[Tensor, Tensor]:
         """log π(a_t|s_t) (sum over the action's tokens) and the mean per-token entropy of π over the action's

@@ -21,9 +21,9 @@ from distrl_stream.learner import aride
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import EpisodeRecord, collate, episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
-from distrl_stream.policy import logprobs
 from distrl_stream.policy.precision import Precision
 from distrl_stream.policy.prompt import Prompter, build_prompt
+from tests.fixtures.packing import count_packed_passes
 from tests.learner.simdata import sim_event, sim_events
 
 torch.set_num_threads(1)
@@ -378,14 +378,7 @@ def test_packed_passes_give_the_unpacked_log_pi_and_gradient(
     torch.manual_seed(0)
     packed = trainer(tiny_model_dir, episodes, **settings)
     assert packed.shared_prefix and not unpacked.shared_prefix
-    passes: list[int] = []
-    run = logprobs.packed_decoder_states
-
-    def counted(model: torch.nn.Module, rows: logprobs.PackedRows) -> torch.Tensor:
-        passes.append(rows.input_ids.shape[1])
-        return run(model, rows)
-
-    monkeypatch.setattr(logprobs, "packed_decoder_states", counted)
+    passes = count_packed_passes(monkeypatch)
     batch = episodes[:4]
     with torch.no_grad():
         expected_logp, expected_entropy = unpacked.policy_terms(batch, collate(batch).mask)

@@ -16,7 +16,6 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from distrl_stream.errors import ActionConstraintError, LearnerError
-from distrl_stream.policy import logprobs
 from distrl_stream.policy.logprobs import (
     ActionLogProbs,
     ChoiceConstraint,
@@ -28,6 +27,7 @@ from distrl_stream.policy.logprobs import (
 )
 from distrl_stream.policy.precision import autocast
 from distrl_stream.policy.prompt import Prompter, build_prompt
+from tests.fixtures.packing import count_packed_passes
 
 CANDIDATES = [
     '{"action_type":"click","index":3}',
@@ -318,7 +318,7 @@ def _packed_equals_unpacked(model_dir: Path, monkeypatch: pytest.MonkeyPatch, at
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = _lora_policy(model_dir)
     rows = _episode_rows(tokenizer)
-    packed_passes = _count_packed_passes(monkeypatch)
+    packed_passes = count_packed_passes(monkeypatch)
     unpacked, unpacked_grads = _with_gradients(model, tokenizer, rows, packed=False)
     assert not packed_passes
     packed, packed_grads = _with_gradients(model, tokenizer, rows, packed=True)
@@ -331,19 +331,6 @@ def _packed_equals_unpacked(model_dir: Path, monkeypatch: pytest.MonkeyPatch, at
     assert all(g.abs().sum() > 0 for g in unpacked_grads)
     for a, b in zip(unpacked_grads, packed_grads, strict=True):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=atol * float(a.abs().max()))
-
-
-def _count_packed_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The length of every packed sequence the policy runs from now on."""
-    lengths: list[int] = []
-    run = logprobs.packed_decoder_states
-
-    def counted(model: torch.nn.Module, packed: logprobs.PackedRows) -> torch.Tensor:
-        lengths.append(packed.input_ids.shape[1])
-        return run(model, packed)
-
-    monkeypatch.setattr(logprobs, "packed_decoder_states", counted)
-    return lengths
 
 
 def test_a_packed_pass_gives_the_unpacked_log_pi_entropy_and_gradient(
@@ -363,7 +350,7 @@ def test_a_packed_row_sees_nothing_of_the_other_rows(tiny_model_dir: Path, monke
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = _lora_policy(tiny_model_dir)
     prompts, actions, candidates = _episode_rows(tokenizer)
-    packed_passes = _count_packed_passes(monkeypatch)
+    packed_passes = count_packed_passes(monkeypatch)
     with torch.no_grad():
         before = action_logprobs(model, tokenizer, prompts, actions, candidates, shared_prefix_tokens=16)
         # Row 1, packed between rows 0 and 2 of its group: another screen after the shared prefix.
