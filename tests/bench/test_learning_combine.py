@@ -66,6 +66,13 @@ def test_time_to_a_target_is_the_first_evaluated_version_at_or_above_it() -> Non
     assert learning.time_to([], 0.5) is None
 
 
+def test_a_target_held_twice_ignores_a_single_point_above_it() -> None:
+    points = curve((5.0, 0.5), (40.0, 0.7), (80.0, 0.65), (100.0, 0.75), (115.0, 0.8))
+    assert learning.time_to(points, 0.7, held=2) == 100.0
+    assert learning.time_to(points, 0.8, held=2) is None  # the last point alone: not held
+    assert learning.time_to(points, 0.5, held=2) == 5.0
+
+
 @pytest.mark.parametrize(
     ("sync_s", "async_s", "kind", "ratio"),
     [
@@ -155,6 +162,20 @@ def test_combine_gives_the_geometric_mean_over_seeds_with_its_interval_and_plot(
     assert metrics["time_to_target_s"]["digirl_sync"]["values"] == [60.0, 60.0, None]
     assert metrics["aride_area_against"]["digirl_async"]["holds"] is True
     assert metrics["latency"]["task_spread"] == 100.0 and "log-normal" in metrics["latency"]["note"]
+    # Every curve stays above 0.7 after it crosses: held twice, each seed's ratio is the same.
+    held = metrics["sync_speedup_held_twice"]["aride_async"]
+    assert [e["ratio"] for e in held["per_seed"]] == pytest.approx([3.0, 2.0, 3.0])
+
+
+def test_combine_also_times_the_target_held_twice_which_a_noisy_point_does_not_reach(tmp_path: Path) -> None:
+    noisy = curve((5.0, 0.5), (20.0, 0.8), (40.0, 0.6), (60.0, 0.8), (115.0, 0.8))
+    files = [
+        write_run(tmp_path / f"seed{seed}.json", seed, {"aride_async": noisy, "digirl_sync": reaching(60.0)})
+        for seed in (0, 1)
+    ]
+    metrics = learning.combine(files, tmp_path / "combined.json")["metrics"]
+    assert metrics["sync_speedup"]["aride_async"]["geometric_mean"] == pytest.approx(3.0)  # 60 / 20
+    assert metrics["sync_speedup_held_twice"]["aride_async"]["geometric_mean"] == pytest.approx(1.0)  # 60 / 60
 
 
 def test_combine_recomputes_every_time_at_a_target_given_to_it(tmp_path: Path) -> None:
