@@ -295,11 +295,23 @@ class InferenceClient:
                         log.warning("server %s failed (%s): moving on to %s", server.url, exc, order[i + 1].url)
                     continue
                 if choices is not None and (result.finish_reason != "stop" or result.text not in choices):
-                    raise InferenceError(
-                        f"server {server.url} answered {result.text!r}, not one of the {len(choices)} candidates"
-                    )
+                    raise InferenceError(self._not_a_candidate(server.url, result, len(choices)))
                 return result
         raise InferenceUnavailableError(self._unavailable(f"POST {endpoint.path}", errors))
+
+    def _not_a_candidate(self, url: str, result: ActionResult, candidates: int) -> str:
+        """Why a choice-mode answer is not a candidate. max_tokens always fits a whole candidate, so an answer cut at
+        the length limit ran into the model's context: the prompt left too little room, which is what to say."""
+        answered = f"server {url} answered {result.text!r}, not one of the {candidates} candidates"
+        used = len(result.prompt_token_ids) + len(result.token_ids)
+        if result.finish_reason != "length" or not result.prompt_token_ids or used < self.cfg.max_model_len:
+            return answered
+        room = self.cfg.max_model_len - len(result.prompt_token_ids)
+        return (
+            f"{answered}: cut off at the context limit, the prompt took {len(result.prompt_token_ids)} of "
+            f"inference.max_model_len {self.cfg.max_model_len} tokens and left {room} for the answer (raise "
+            "inference.max_model_len, or shorten the observation)"
+        )
 
     async def aclose(self) -> None:
         """Close the connection pools."""

@@ -102,6 +102,24 @@ async def test_a_rejected_request_is_not_retried(vllm_server: VllmService) -> No
     assert info.value.status_code == 400
 
 
+@pytest.mark.vllm
+async def test_an_answer_cut_off_by_the_context_limit_names_the_prompt_length(vllm_server: VllmService) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    limit = vllm_server.inference.max_model_len
+
+    def prompt(words: int) -> str:
+        return build_prompt("x", "word " * words, [], max_observation_chars=20_000)
+
+    # The longest prompt that still fits with 2 tokens to spare: vLLM accepts it and stops the answer at the limit.
+    words = next(n for n in range(limit, 0, -1) if len(tokenizer(prompt(n)).input_ids) <= limit - 2)
+    candidate = '{"action_type":"type","text":"' + "a long answer " * 4 + '"}'
+    async with InferenceClient(vllm_server.inference, vllm_server.policy_id) as client:
+        with pytest.raises(InferenceError) as info:
+            await client.act(prompt(words), [candidate])
+    assert "not one of the 1 candidates: cut off at the context limit" in str(info.value)
+    assert f"of inference.max_model_len {limit} tokens and left " in str(info.value)
+
+
 async def test_a_stopped_server_fails_fast_with_a_typed_error() -> None:
     port = free_port()  # nothing listens there: the state of a stopped server
     cfg = InferenceConfig(port=port, retries=2, retry_backoff_s=0.05, request_timeout_s=1.0)
