@@ -23,10 +23,10 @@ from torch import Tensor, nn
 
 from distrl_stream.policy.logprobs import (
     Encoder,
-    decoder_states,
     encode_prompts,
     pack_rows,
     packed_decoder_states,
+    padded_decoder_states,
     shared_prefix_groups,
     text_config,
 )
@@ -148,26 +148,13 @@ def prompt_features(
                     packed = pack_rows(encoded, [()] * len(encoded), groups, 1)
                     last_states = packed_decoder_states(model, packed)[packed.action_index[:, 0].to(device)]
                 else:
-                    last_states = _last_token_states(model, encoded, inputs.images_to(device))
+                    states, width_p = padded_decoder_states(
+                        model, encoded, [()] * len(encoded), inputs.images_to(device)
+                    )
+                    last_states = states[:, width_p - 1]
                 rows.append(last_states.float().cpu())
     finally:
         model.train(was_training)
     if not rows:
         return torch.zeros(0, text_config(model).hidden_size)
     return torch.cat(rows)
-
-
-def _last_token_states(model: Any, encoded: Sequence[Sequence[int]], images: dict[str, Tensor]) -> Tensor:
-    """``[len(encoded), hidden]``: the last token's hidden state of each prompt, the prompts right-padded."""
-    device = next(model.parameters()).device
-    width = max(len(ids) for ids in encoded)
-    input_ids = torch.zeros(len(encoded), width, dtype=torch.long)
-    attention = torch.zeros(len(encoded), width, dtype=torch.long)
-    for i, ids in enumerate(encoded):
-        input_ids[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention[i, : len(ids)] = 1
-    positions = (attention.cumsum(-1) - 1).clamp(min=0)
-    # The decoder alone: the output head's [b, width, vocabulary] logits would be thrown away.
-    hidden = decoder_states(model, input_ids.to(device), attention.to(device), positions.to(device), images)
-    last = attention.sum(dim=1) - 1
-    return hidden[torch.arange(len(encoded), device=device), last.to(device)]

@@ -585,7 +585,9 @@ def action_logprobs(
         hidden = packed_decoder_states(model, packed)[packed.action_index.to(device)]
     else:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        hidden = _padded_action_states(model, encoded, action_token_ids, width_a, pad)
+        states, width_p = padded_decoder_states(model, prompt_ids, action_token_ids, encoded.images_to(device), pad)
+        # The state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
+        hidden = states[:, width_p - 1 : width_p - 1 + width_a]
 
     token_lp = torch.zeros((batch, width_a), device=device)
     entropy = torch.zeros((batch, width_a), device=device)
@@ -620,32 +622,32 @@ def action_logprobs(
     return ActionLogProbs(token_logprobs=token_lp, entropy=entropy, mask=mask.to(device))
 
 
-def _padded_action_states(
+def padded_decoder_states(
     model: torch.nn.Module,
-    encoded: EncodedPrompts,
+    prompt_ids: Sequence[Sequence[int]],
     action_token_ids: Sequence[Sequence[int]],
-    width_a: int,
-    pad: int,
-) -> Tensor:
-    """``[B, width_a, hidden]``: the hidden state that predicts each action token, one padded row per prompt."""
+    images: dict[str, Tensor] | None = None,
+    pad: int = 0,
+) -> tuple[Tensor, int]:
+    """The unpacked pass: ``[B, width_p + width_a, hidden]`` decoder states of one padded row per prompt and
+    ``width_p``, the column where every row's action starts (its last prompt token is at ``width_p - 1``).
+
+    Prompts are left-padded and actions right-padded, so one slice of the states serves the whole batch; position
+    ids restart at 0 on each row's first real token, as in vLLM. Image inputs (``images``) go with their prompts.
+    """
     device = next(model.parameters()).device
-    prompt_ids = encoded.input_ids
     batch = len(prompt_ids)
     width_p = max(len(p) for p in prompt_ids)
-    # Prompts left-padded, actions right-padded: every row's action starts at column width_p, so one slice of
-    # the hidden states serves the whole batch. Position ids restart at 0 on each row's first real token, as in vLLM.
+    width_a = max((len(a) for a in action_token_ids), default=0)
     input_ids = torch.full((batch, width_p + width_a), pad, dtype=torch.long)
     attention = torch.zeros((batch, width_p + width_a), dtype=torch.long)
     for row, (p_ids, a_ids) in enumerate(zip(prompt_ids, action_token_ids, strict=True)):
-        input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(p_ids)
+        input_ids[row, width_p - len(p_ids) : width_p] = torch.tensor(list(p_ids), dtype=torch.long)
         input_ids[row, width_p : width_p + len(a_ids)] = torch.tensor(list(a_ids), dtype=torch.long)
         attention[row, width_p - len(p_ids) : width_p + len(a_ids)] = 1
     position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
-    # The hidden state at column width_p - 1 + t predicts action token t; the last action token predicts nothing.
-    hidden = decoder_states(
-        model, input_ids.to(device), attention.to(device), position_ids.to(device), encoded.images_to(device)
-    )
-    return hidden[:, width_p - 1 : width_p - 1 + width_a]
+    hidden = decoder_states(model, input_ids.to(device), attention.to(device), position_ids.to(device), images)
+    return hidden, width_p
 
 
 def _gather_and_entropy(logp: Tensor, picked: Tensor) -> tuple[Tensor, Tensor]:
