@@ -564,8 +564,10 @@ def sync_speedup(times: dict[str, float | None], target: float | None) -> tuple[
 def time_to(curve: list[dict[str, Any]], target: float, held: int = 1) -> float | None:
     """Seconds until the first evaluated version at or above ``target`` whose next ``held`` − 1 evaluated versions
     are too (None: never within the budget). ``held`` 2 is the stricter reading: one evaluation of 40 tasks has a
-    standard error near 0.06, so a single point can cross the target by noise, and an arm with more points evaluated
-    has more chances to."""
+    standard error of 0.063 at a success of 0.8, so a single point can cross the target by noise, and an arm with
+    more points evaluated has more chances to."""
+    if held < 1:
+        raise ValueError(f"held must be at least 1, not {held}")
     return next(
         (
             curve[i]["seconds"]
@@ -659,7 +661,9 @@ SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
 RATIO_RULE = (
     "Per seed, digirl_sync's time to target ÷ the async method's (seconds from launch to the first evaluated version "
     "at or above the target). Censored seeds are counted, never dropped: a sync arm that never reached the target "
-    "within the budget B while the async one took t enters at B/t, a lower bound (the mean and its interval are then "
+    "within the budget B while the async one took t enters at B/t, a lower bound (held at two evaluations: B is the "
+    "first of the last points if they are at the target, which the next evaluation might have held; the mean and "
+    "its interval are then "
     "lower bounds too: lower_bound true). An async arm that never reached it while sync took t (ratio < t/B), neither "
     "reaching it (unknown), or a curve whose first point, the starting policy, is already at the target (it would "
     "measure publishing, not learning) makes the mean null with those seeds named: no value for them keeps the mean "
@@ -709,21 +713,29 @@ def seed_speedup(
     held: int = 1,
 ) -> dict[str, Any]:
     """One seed's sync ÷ async time to ``target`` (held for ``held`` evaluations: :func:`time_to`) and how far it is
-    known (:data:`RATIO_RULE`): ``kind`` exact, lower_bound (sync never reached it: ``ratio`` = budget ÷ async time),
-    upper_bound (async never did: sync time ÷ budget), unknown (neither did) or at_start (a curve starts at or above
-    it), with ``ratio`` None for the last two.
+    known (:data:`RATIO_RULE`): ``kind`` exact, lower_bound (sync never reached it: ``ratio`` = the earliest it can
+    still have ÷ async time), upper_bound (async never did: sync time ÷ the earliest it can still have), unknown
+    (neither did) or at_start (a curve holds the target from its first point), with ``ratio`` None for the last two.
     """
     sync_s, async_s = time_to(sync_curve, target, held), time_to(async_curve, target, held)
     entry: dict[str, Any] = {"sync_s": sync_s, "async_s": async_s}
-    if any(curve and curve[0]["success"] >= target for curve in (sync_curve, async_curve)):
+    if any(curve and time_to(curve, target, held) == curve[0]["seconds"] for curve in (sync_curve, async_curve)):
         return entry | {"kind": "at_start", "ratio": None}
     if sync_s is not None and async_s is not None:
         return entry | {"kind": "exact", "ratio": sync_s / async_s}
     if async_s is not None:
-        return entry | {"kind": "lower_bound", "ratio": budget_s / async_s}
+        return entry | {"kind": "lower_bound", "ratio": censored_at(sync_curve, target, budget_s) / async_s}
     if sync_s is not None:
-        return entry | {"kind": "upper_bound", "ratio": sync_s / budget_s}
+        return entry | {"kind": "upper_bound", "ratio": sync_s / censored_at(async_curve, target, budget_s)}
     return entry | {"kind": "unknown", "ratio": None}
+
+
+def censored_at(curve: list[dict[str, Any]], target: float, budget_s: float) -> float:
+    """The earliest time to target a curve that never held it can still have: the budget, or, when its last points
+    are at or above the target but too few to count as held, the first of them (the next evaluation, after the
+    budget, might have held it)."""
+    trailing = list(itertools.takewhile(lambda p: p["success"] >= target, reversed(curve)))
+    return trailing[-1]["seconds"] if trailing else budget_s
 
 
 def t_quantile_975(df: int) -> float:

@@ -295,22 +295,21 @@ class InferenceClient:
                         log.warning("server %s failed (%s): moving on to %s", server.url, exc, order[i + 1].url)
                     continue
                 if choices is not None and (result.finish_reason != "stop" or result.text not in choices):
-                    raise InferenceError(self._not_a_candidate(server.url, result, len(choices)))
+                    raise InferenceError(self._not_a_candidate(server.url, result, len(choices), payload["max_tokens"]))
                 return result
         raise InferenceUnavailableError(self._unavailable(f"POST {endpoint.path}", errors))
 
-    def _not_a_candidate(self, url: str, result: ActionResult, candidates: int) -> str:
-        """Why a choice-mode answer is not a candidate. max_tokens always fits a whole candidate, so an answer cut at
-        the length limit ran into the model's context: the prompt left too little room, which is what to say."""
+    def _not_a_candidate(self, url: str, result: ActionResult, candidates: int, max_tokens: int) -> str:
+        """Why a choice-mode answer is not a candidate. ``max_tokens`` always fits a whole candidate, so an answer
+        stopped at the length limit before it ran into the model's context: the prompt left too little room, which
+        is what to say (with what the server counted, whatever this client's own max_model_len)."""
         answered = f"server {url} answered {result.text!r}, not one of the {candidates} candidates"
-        used = len(result.prompt_token_ids) + len(result.token_ids)
-        if result.finish_reason != "length" or not result.prompt_token_ids or used < self.cfg.max_model_len:
+        if result.finish_reason != "length" or len(result.token_ids) >= max_tokens or not result.prompt_token_ids:
             return answered
-        room = self.cfg.max_model_len - len(result.prompt_token_ids)
+        prompt, answer = len(result.prompt_token_ids), len(result.token_ids)
         return (
-            f"{answered}: cut off at the context limit, the prompt took {len(result.prompt_token_ids)} of "
-            f"inference.max_model_len {self.cfg.max_model_len} tokens and left {room} for the answer (raise "
-            "inference.max_model_len, or shorten the observation)"
+            f"{answered}: cut off at the server's context limit after {answer} answer tokens, the prompt having "
+            f"taken {prompt} of {prompt + answer} (raise inference.max_model_len, or shorten the observation)"
         )
 
     async def aclose(self) -> None:

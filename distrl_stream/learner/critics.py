@@ -106,7 +106,7 @@ def prompt_features(
 
     Works for a plain transformers causal LM and for a peft model (its adapter is disabled for the pass, so the
     features come from the base weights). Prompts are tokenised exactly as the tokenizer does by default, one by one,
-    left-truncated to ``max_length`` (the last token is the one that matters) and right-padded per batch, so a
+    left-truncated to ``max_length`` (the last token is the one that matters) and left-padded per batch, so a
     prompt's feature does not depend on what it is batched with. A vision policy's image prompts run with their
     image, so the feature of a step includes what its screenshot shows; they are never truncated.
 

@@ -71,6 +71,21 @@ def test_a_target_held_twice_ignores_a_single_point_above_it() -> None:
     assert learning.time_to(points, 0.7, held=2) == 100.0
     assert learning.time_to(points, 0.8, held=2) is None  # the last point alone: not held
     assert learning.time_to(points, 0.5, held=2) == 5.0
+    with pytest.raises(ValueError, match="held"):
+        learning.time_to(points, 0.5, held=0)
+
+
+def test_a_curve_that_ends_at_the_target_unheld_is_censored_where_its_last_run_began() -> None:
+    # Sync crosses at its last point only: held twice it never reached 0.8, but the next evaluation might have held
+    # it, so its time is at least 115 s, not the 120 s budget, and the lower bound on the ratio is 115 / 40.
+    sync = curve((5.0, 0.5), (60.0, 0.6), (115.0, 0.85))
+    entry = learning.seed_speedup(sync, reaching(40.0), 0.7, BUDGET, held=2)
+    assert entry["kind"] == "lower_bound" and entry["ratio"] == pytest.approx(115.0 / 40.0)
+    assert learning.seed_speedup(sync, reaching(40.0), 0.7, BUDGET)["kind"] == "exact"  # one point is enough
+    # Held twice, a noisy first point is not a start at the target.
+    noisy_start = curve((5.0, 0.75), (20.0, 0.6), (60.0, 0.8), (80.0, 0.8))
+    assert learning.seed_speedup(reaching(60.0), noisy_start, 0.7, BUDGET)["kind"] == "at_start"
+    assert learning.seed_speedup(reaching(60.0), noisy_start, 0.7, BUDGET, held=2)["kind"] == "exact"
 
 
 @pytest.mark.parametrize(
