@@ -94,7 +94,7 @@ def run_up(
     def on_signal() -> None:
         stop.set()
         if starting.is_set():
-            raise KeyboardInterrupt  # abort a start in progress (a vLLM start can take minutes) as Ctrl-C does
+            stack.abort_start()  # abort a start in progress (a vLLM start can take minutes) as Ctrl-C does
 
     with signals_stop(on_signal):
         try:

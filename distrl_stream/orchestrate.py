@@ -274,6 +274,9 @@ class LocalStack:
         # Every child, recorded before it starts: a SIGTERM to `up` between a child's start and its assignment above
         # must not leave that child running.
         self._spawned: list[ChildProcess] = []
+        # An abort that arrives while a child is being spawned waits for the spawn to end (abort_start).
+        self._spawning = False
+        self._abort_pending = False
         self.server_url = ""
         self.started_at: float | None = None
         self.held_out: dict[str, dict[str, float]] = {}  # "start" / "end" -> UpSummary.held_out_start's form
@@ -438,9 +441,24 @@ class LocalStack:
         child_env = {**os.environ, **self.child_env, **(env or {})}
         child = ChildProcess(name, argv, child_env, self.logs_dir / f"{name}.log")
         self._spawned.append(child)
-        child.start()
+        self._spawning = True
+        try:
+            child.start()
+        finally:
+            self._spawning = False
         log.info("%s started (pid %s), log %s", name, child.pid, child.log_path)
+        if self._abort_pending:
+            raise KeyboardInterrupt
         return child
+
+    def abort_start(self) -> None:
+        """Abort a start in progress as Ctrl-C does (raise KeyboardInterrupt; a signal handler calls it), except
+        inside a child's spawn: an interrupt within ``subprocess.Popen`` loses the pid of a child that is already
+        running, which then outlives the stop. There the abort is deferred to the spawn's end."""
+        if self._spawning:
+            self._abort_pending = True
+            return
+        raise KeyboardInterrupt
 
     # -- run ---------------------------------------------------------------------------------------------------
 

@@ -130,6 +130,21 @@ def test_a_crashed_role_is_reported_with_its_log(tmp_path: Path) -> None:
     assert stack.stop()["collector-0"] == 3
 
 
+def test_an_abort_during_a_spawn_waits_for_the_child_s_pid_so_that_the_stop_reaches_it(tmp_path: Path) -> None:
+    stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
+    with pytest.raises(KeyboardInterrupt):
+        stack.abort_start()  # outside a spawn: at once, as Ctrl-C
+    # A signal inside the spawn (in subprocess.Popen) would have lost the running child's pid: it is deferred.
+    stack._spawning = True
+    stack.abort_start()
+    stack._spawning = False
+    with pytest.raises(KeyboardInterrupt):
+        stack._spawn("serve", ["--help"])
+    (child,) = stack._spawned
+    assert child.pid is not None
+    assert stack.stop()["serve"] is not None  # stopped and reaped, not forgotten
+
+
 def test_a_child_that_ends_cleanly_is_no_failure(tmp_path: Path) -> None:
     stack = LocalStack(load_config(None, data_dir=tmp_path), UpOptions())
     stack.learner = ChildProcess("learner", [sys.executable, "-c", "pass"], dict(os.environ), tmp_path / "l.log")
