@@ -719,7 +719,7 @@ def seed_speedup(
     """
     sync_s, async_s = time_to(sync_curve, target, held), time_to(async_curve, target, held)
     entry: dict[str, Any] = {"sync_s": sync_s, "async_s": async_s}
-    if any(curve and time_to(curve, target, held) == curve[0]["seconds"] for curve in (sync_curve, async_curve)):
+    if any(curve and t == curve[0]["seconds"] for curve, t in ((sync_curve, sync_s), (async_curve, async_s))):
         return entry | {"kind": "at_start", "ratio": None}
     if sync_s is not None and async_s is not None:
         return entry | {"kind": "exact", "ratio": sync_s / async_s}
