@@ -1,6 +1,7 @@
 """Shared fixtures live in tests/fixtures/ as pytest plugins, one module per service."""
 
 pytest_plugins: list[str] = [
+    "tests.fixtures.release",
     "tests.fixtures.vllm",
     "tests.fixtures.kafka",
     "tests.fixtures.registry",
