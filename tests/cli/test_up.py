@@ -1,4 +1,4 @@
-"""End to end: `distrl-stream up --duration 120 --collectors 2` on the tiny model and the simulated phone.
+"""End to end: `distrl-stream up --duration 60 --collectors 2` on the tiny model and the simulated phone.
 
 One real run (embedded broker, vLLM, learner, two collectors) is shared by the module: it must exit 0 having
 collected trajectories and served at least two weight versions, leave no process behind, and leave data that
@@ -106,7 +106,7 @@ def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterat
         # A free port instead of 9092: other brokers may run on this machine.
         "DISTRL_BROKER__PORT": str(free_port()),
         # Versions every 2 updates (default 20) and one torch thread: on a shared 2-core machine an update of even
-        # the tiny model can take seconds, and the test needs two versions served within the 120 s.
+        # the tiny model can take seconds, and the test needs two versions served within the 60 s.
         "DISTRL_LEARNER__UPDATES_PER_VERSION": "2",
         "DISTRL_LEARNER__THREADS": "1",
     }
@@ -114,7 +114,7 @@ def up_run(tmp_path_factory: pytest.TempPathFactory, kafka_home: Path) -> Iterat
     with out.open("wb") as stdout, err.open("wb") as stderr:
         up = subprocess.Popen(
             [
-                *(sys.executable, "-m", "distrl_stream.cli", "up", "--duration", "120", "--collectors", "2"),
+                *(sys.executable, "-m", "distrl_stream.cli", "up", "--duration", "60", "--collectors", "2"),
                 # Two environments per collector keep the CPU for the learner and the server (the sim is fast).
                 *("--envs-per-collector", "2"),
                 *("--no-monitor", "--run", RUN, "--data-dir", str(data_dir), "--metrics-port", "0"),
