@@ -126,7 +126,7 @@ def test_a_lora_version_trained_on_smollm2_is_hot_loaded_from_kafka_and_served(
     actions = [[*tokenizer(target_of(c))["input_ids"], stop] for _, c in trained]
     prompts, candidates = [p for p, _ in trained], [c for _, c in trained]
     adapter = train_sft_adapter(
-        smollm2_server.model_dir, tmp_path / "sft", prompts, actions, candidates, steps=8, lr=5e-3
+        smollm2_server.model_dir, tmp_path / "sft", prompts, actions, candidates, steps=8, lr=5e-3, precision="auto"
     )
     cfg = weights_config
     watcher = WeightWatcher(cfg, smollm2_server.url, model_dir=smollm2_server.model_dir)
