@@ -7,7 +7,8 @@ Four measurements, side by side in one run (``--part`` runs one):
   them) at the pretrained profile's batch, one torch thread. Arms: **today** (float32, the profile as it was: 2-step
   micro-batches with checkpointed layers, every prompt computed whole), **unpacked** (``learner.dtype = auto``, bf16
   here, with the profile of ``PRETRAINED_UP_PROFILE`` now, ``learner.shared_prefix`` off) and **default** (the same
-  with the shared prompt prefix computed once per pass, the default). Each child also runs a **bare** forward +
+  with the shared prompt prefix computed once per pass, the default), every arm at the profile's priority refresh
+  interval (the spread re-scoring is part of an A-RIDE update). Each child also runs a **bare** forward +
   backward of the same micro-batches in its own precision and layout. ``ratio`` = default update tokens/s ÷ today's
   (target ≥ 3.0); ``efficiency_vs_bare`` = default update tokens/s ÷ a bare bf16 forward + backward of the same tokens
   without checkpointing (target ≥ 0.9); ``peak_rss_gb`` of the default arm (target ≤ 3 GB); ``shared_prefix``: the

@@ -91,9 +91,9 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     "learner": {
         "batch_episodes": 2,
         "min_buffer_episodes": 4,
-        # The batch in one forward pass (no second one), layers checkpointed: in bf16 31.4 s an update at a peak
-        # RSS of 2.8-3.4 GB, where 2-step micro-batches redo each forward and no checkpointing needs ~8.6 GB
-        # (docs/learner.md, "Precision").
+        # The batch in one forward pass (no second one), layers checkpointed: in bf16 with the shared prefix 33.7 s
+        # an update at a peak RSS of 2.7 GB, where 2-step micro-batches redo each forward and no checkpointing needs
+        # ~8.6 GB (docs/learner.md, "Precision").
         "gradient_checkpointing": True,
         # Re-scoring priorities is a forward pass per episode (a buffer of ~100k tokens after a few minutes is
         # minutes of one core): 1/200 of the buffer per update, about one episode, instead of the authors' 1/20;
