@@ -14,7 +14,9 @@ Four measurements, side by side in one run (``--part`` runs one):
   without checkpointing (target ≥ 0.9); ``peak_rss_gb`` of the default arm (target ≤ 3 GB); ``shared_prefix``: the
   default arm's update tokens/s ÷ the unpacked arm's (``ratio``; CPU seconds too, ``cpu_ratio``, which shared cores
   disturb less) and ``shared_prefix_share``, the share of the update's prompt + action tokens the packed passes did not
-  compute.
+  compute. Each arm records the ``precision`` it resolved: on a CPU without bf16 units (AVX2 only) ``auto`` is
+  float32, and the run compares layouts, not precisions. An arm that fails (a setting past the child's memory
+  limit) keeps its ``error`` and leaves the figures that need it null.
 - **serving**: one vLLM server on SmolLM2 per precision, one after the other, the same chat prompts with candidates
   (held-out sim states of a random policy), 8 requests in flight: actions/s bf16 ÷ float32 (target ≥ 2.0).
 - **mismatch**: |log π_learner − log μ_server| per action on those answers, the base model on both sides: bf16
@@ -87,6 +89,11 @@ def learner(updates: int, names: list[str], *, bare_passes: bool) -> dict[str, A
     default = {**{k: profile[k] for k in LEARNER_KEYS if k in profile}, "dtype": "auto"}
     arms = {"today": TODAY, "unpacked": {**default, "shared_prefix": False}, "default": default}
     return {name: run_learner_child(name, arms[name], updates, bare_passes=bare_passes) for name in names}
+
+
+def measured(arm: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An arm's results, or None where it was not run or failed (its error stays under ``metrics.learner``)."""
+    return arm if arm and not arm.get("error") else None
 
 
 def shared_prefix_metrics(unpacked: dict[str, Any] | None, default: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -286,7 +293,7 @@ def main() -> None:
                 metrics["wire"] = wire(8 if args.quick else 32)
             progress.advance(task)
     results_of = metrics.get("learner", {})
-    today, default = results_of.get("today"), results_of.get("default")
+    today, default = measured(results_of.get("today")), measured(results_of.get("default"))
     ratio = default["update_tokens_per_s"] / today["update_tokens_per_s"] if today and default else None
     wire_bytes = metrics.get("wire", {})
     result = {
@@ -296,16 +303,16 @@ def main() -> None:
         "target": TARGET_RATIO,
         "metrics": {
             **metrics,
-            "ratio_note": "A-RIDE update tokens/s, learner.dtype auto (bf16 here) with the shared prompt prefix "
-            "computed once, at the pretrained profile ÷ the float32 path of before (2-step micro-batches, checkpointed "
-            "layers, every prompt whole), one torch thread",
+            "ratio_note": f"A-RIDE update tokens/s, learner.dtype auto ({default['precision'] if default else '?'} "
+            "on this CPU) with the shared prompt prefix computed once, at the pretrained profile ÷ the float32 path "
+            "of before (2-step micro-batches, checkpointed layers, every prompt whole), one torch thread",
             # ÷ a bare bf16 forward + backward of the same micro-batches with nothing recomputed (no checkpointing).
             "efficiency_vs_bare": default["update_tokens_per_s"]
             / default.get("bare_plain_tokens_per_s", default["bare_tokens_per_s"])
             if default and "bare_tokens_per_s" in default
             else None,
             "efficiency_vs_bare_checkpointed": default.get("ratio") if default else None,
-            "shared_prefix": shared_prefix_metrics(results_of.get("unpacked"), default),
+            "shared_prefix": shared_prefix_metrics(measured(results_of.get("unpacked")), default),
             "efficiency_target": TARGET_EFFICIENCY,
             "serving_ratio": metrics.get("serving", {}).get("ratio"),
             "serving_target": TARGET_SERVING,
