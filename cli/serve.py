@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from distrl_stream.cli.common import (
     BootstrapOption,
@@ -18,6 +18,11 @@ from distrl_stream.cli.common import (
     run_command,
 )
 from distrl_stream.processes import log_report
+
+if TYPE_CHECKING:
+    from distrl_stream.config import Config
+    from distrl_stream.inference.server import InferenceServer
+    from distrl_stream.inference.versions import WeightWatcher
 
 
 def serve(
@@ -54,21 +59,29 @@ def serve(
     # SIGTERM (docker stop, kill) must stop vLLM's process group just as Ctrl-C does.
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     err_console.print(f"starting vLLM ({server.device}), log {server.log_path}", highlight=False)
-    watcher = None
+    watcher: WeightWatcher | None = None
     try:
         run_command(server.start)
-        if cfg.inference.watch_weights:
-            from distrl_stream.inference.versions import WeightWatcher
-
-            watcher = WeightWatcher(cfg, server_url=server.url, model_dir=server.model_dir)
-            # The staging folder is this server's: what a killed predecessor left there is never loaded again.
-            watcher.loader.clear_staging()
-            watcher.start()
+        watcher = _start_watcher(cfg, server)
         err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
-        shown, refused = 0, 0
+        shown, refused, restarts = 0, 0, 0
         while not stop.wait(1.0):
             if not server.running():
-                fail(f"vLLM server exited unexpectedly {log_report(server.log_path)}")
+                exited = f"vLLM server exited unexpectedly with code {server.returncode} {log_report(server.log_path)}"
+                if restarts >= cfg.inference.restarts:
+                    fail(f"{exited}\n(restarted {restarts} times already: inference.restarts)")
+                restarts += 1
+                # Requests in flight were lost with its engine; collectors retry them on another server or later.
+                err_console.print(
+                    f"[bold red]{exited}[/]\nrestarting vLLM ({restarts} of {cfg.inference.restarts})", highlight=False
+                )
+                if watcher is not None:
+                    watcher.stop()  # its loaded adapters died with the engine: a new watcher loads the newest again
+                server.stop()
+                run_command(server.start)
+                watcher, shown, refused = _start_watcher(cfg, server), 0, 0
+                err_console.print(f"serving {server.base_name} again on {server.url}", highlight=False)
+                continue
             if watcher is None:
                 continue
             if watcher.failed is not None:
@@ -88,3 +101,16 @@ def serve(
         if watcher is not None:
             watcher.loader.clear_staging()  # vLLM is gone: nothing can reload a staged copy now
         err_console.print("server stopped", highlight=False)
+
+
+def _start_watcher(cfg: Config, server: InferenceServer) -> WeightWatcher | None:
+    """The weight watcher of a (re)started server, or None without ``inference.watch_weights``."""
+    if not cfg.inference.watch_weights:
+        return None
+    from distrl_stream.inference.versions import WeightWatcher
+
+    watcher = WeightWatcher(cfg, server_url=server.url, model_dir=server.model_dir)
+    # The staging folder is this server's: what a killed predecessor left there is never loaded again.
+    watcher.loader.clear_staging()
+    watcher.start()
+    return watcher

@@ -597,6 +597,13 @@ class InferenceConfig(Section):
     )
     startup_timeout_s: float = Field(300.0, gt=0, description="How long `serve` waits for /v1/models to answer.")
     stop_timeout_s: float = Field(15.0, gt=0, description="Grace period after SIGTERM before the server is killed.")
+    restarts: int = Field(
+        3,
+        ge=0,
+        description="Times `serve` restarts a vLLM server that exited on its own (its engine died: on saturated CPU "
+        "cores vLLM's own execute timeout can kill it) before giving up; 0: exit at once. The weight watcher starts "
+        "over with each restart and loads the newest version again.",
+    )
     extra_args: list[str] = Field(default_factory=list, description="Extra vLLM server arguments, appended as given.")
     log_file: Path | None = Field(None, description="Server log file. None: <data_dir>/runs/<run>/logs/vllm.log.")
     watch_weights: bool = Field(

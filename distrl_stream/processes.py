@@ -105,7 +105,8 @@ def log_report(path: Path) -> str:
     rarely shows why (vLLM's engine, for one).
     """
     lines = _log_end(path, 256 * 1024).splitlines()
-    cause = next((line.strip() for line in lines if _EXCEPTION_LINE.search(line)), None)
+    # A warning that merely names an error (vLLM's about `OSError: [Errno 24]` at every start) is not the cause.
+    cause = next((line.strip() for line in lines if _EXCEPTION_LINE.search(line) and " WARNING " not in line), None)
     tail = "\n".join(lines[-LOG_TAIL_LINES:])
     return f"(log {path})" + (f"; first error: {cause}" if cause else "") + f":\n{tail}"
 

@@ -4,11 +4,14 @@ each process with its own data dir, the weights carried by Kafka (``artifacts.st
 Every version the learner publishes is a ``kafka://`` artifact that both servers rebuild in their own data dirs,
 verify and load; the collectors spread their requests over both servers, and every step records the server that
 answered and the adapter sha256 that server listed, which must be the one the learner published for that version.
+First the second server's vLLM engine is killed (as vLLM's own execute timeout kills it on saturated cores):
+the same `serve` process restarts vLLM on the same port with a new weight watcher, which loads every later version.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -22,7 +25,7 @@ from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEven
 from distrl_stream.inference.client import served_name
 from distrl_stream.kafka.consumer import read_topic
 from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
-from distrl_stream.processes import free_port
+from distrl_stream.processes import descendants, free_port
 from tests.fixtures.processes import CLI, ChildProcesses
 
 pytestmark = [pytest.mark.kafka, pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -33,6 +36,17 @@ def _listed(url: str) -> set[str]:
         return {m["id"] for m in httpx.get(f"{url}/v1/models", timeout=5.0).json()["data"]}
     except httpx.HTTPError:
         return set()
+
+
+def _engine_core(serve_pid: int) -> int:
+    """The pid of the vLLM engine process under a `serve` process (vLLM titles it ``VLLM::EngineCore``)."""
+    for pid in descendants(serve_pid):
+        try:
+            if b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no vLLM engine process under serve (pid {serve_pid})")
 
 
 def test_learner_two_servers_and_two_collectors_share_nothing_but_the_broker(
@@ -67,6 +81,11 @@ def test_learner_two_servers_and_two_collectors_share_nothing_but_the_broker(
     ]
     base = served_name(cfg.model.policy_id, 0)
     processes.wait_for("both servers", lambda: all(base in _listed(url) for url in urls), 420)
+    # Before the load starts: restarting vLLM on two cores that a learner, two collectors and the other server
+    # saturate can outlast inference.startup_timeout_s (docs/inference.md).
+    os.kill(_engine_core(servers[1].pid), signal.SIGKILL)
+    processes.wait_for("the second server down", lambda: base not in _listed(urls[1]), 60)
+    processes.wait_for("the second server restarted", lambda: base in _listed(urls[1]), 420)
     learner = processes.start([CLI, "learn", *run, "--threads", "1"], host("learner"))
     collectors = {
         c: processes.start(
@@ -119,6 +138,8 @@ def test_learner_two_servers_and_two_collectors_share_nothing_but_the_broker(
         assert time.monotonic() < deadline, f"the newest version not loaded by both servers: {dict(loaded)}"
         time.sleep(1.0)
     assert {source.rsplit(":", 1)[-1] for source in loaded} == {str(port) for port in ports}
+    assert "restarting vLLM (1 of 3)" in processes.log.read_text(), processes.tail()
+    assert servers[1].poll() is None  # the same `serve` process, not a new one
     newest = served_name(cfg.model.policy_id, max(published))
     for i in range(2):  # rebuilt from Kafka in each server's own data dir, under its sha256
         staged = {p.name for p in (tmp_path / f"server{i}").rglob(f"{newest}-*")}

@@ -219,6 +219,11 @@ class InferenceServer:
         """Whether the server process is alive."""
         return self._process is not None and self._process.running()
 
+    @property
+    def returncode(self) -> int | None:
+        """The server's exit code once it ended (negative: killed by that signal), else None."""
+        return self._process.returncode if self._process is not None else None
+
     def stop(self) -> None:
         """SIGTERM the process group, wait ``stop_timeout_s``, then SIGKILL whatever is left. Idempotent."""
         process, self._process = self._process, None
