@@ -14,6 +14,7 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 
@@ -47,7 +48,8 @@ BootstrapOption = Annotated[
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print one line to stderr and exit with `code` (2 for bad input, 1 for a failure at run time)."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    # Messages quote logs and user input, whose brackets are not Rich markup.
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

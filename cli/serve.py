@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -55,31 +55,44 @@ def serve(
     from distrl_stream.inference.server import InferenceServer  # keeps `--help` free of heavy imports
 
     server: InferenceServer = run_command(InferenceServer.from_config, cfg)
-    stop = threading.Event()
-    # SIGTERM (docker stop, kill) must stop vLLM's process group just as Ctrl-C does.
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # SIGTERM (docker stop, kill, `up`) stops vLLM's process group just as Ctrl-C does, a (re)start in progress too.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     err_console.print(f"starting vLLM ({server.device}), log {server.log_path}", highlight=False)
     watcher: WeightWatcher | None = None
     try:
         run_command(server.start)
-        watcher = _start_watcher(cfg, server)
+        watcher = run_command(_start_watcher, cfg, server)
+        if watcher is not None:  # a restart's watcher serves its metrics where this one does (a port 0 was chosen)
+            cfg = cfg.model_copy(
+                update={"inference": cfg.inference.model_copy(update={"metrics_port": watcher.prometheus.port})}
+            )
         err_console.print(f"serving {server.base_name} from {server.model_dir} on {server.url}", highlight=False)
         shown, refused, restarts = 0, 0, 0
-        while not stop.wait(1.0):
+        while True:
+            time.sleep(1.0)
             if not server.running():
-                exited = f"vLLM server exited unexpectedly with code {server.returncode} {log_report(server.log_path)}"
+                code = server.returncode
                 if restarts >= cfg.inference.restarts:
-                    fail(f"{exited}\n(restarted {restarts} times already: inference.restarts)")
+                    fail(
+                        f"vLLM server exited unexpectedly with code {code} after {restarts} restarts "
+                        f"(inference.restarts = {cfg.inference.restarts}) {log_report(server.log_path)}"
+                    )
                 restarts += 1
-                # Requests in flight were lost with its engine; collectors retry them on another server or later.
+                # The requests in flight died with its engine: clients move them to another server (docs/inference.md).
                 err_console.print(
-                    f"[bold red]{exited}[/]\nrestarting vLLM ({restarts} of {cfg.inference.restarts})", highlight=False
+                    f"vLLM server exited unexpectedly with code {code}; restarting it ({restarts} of "
+                    f"{cfg.inference.restarts}) {log_report(server.log_path)}",
+                    markup=False,
+                    highlight=False,
+                    soft_wrap=True,
                 )
                 if watcher is not None:
-                    watcher.stop()  # its loaded adapters died with the engine: a new watcher loads the newest again
+                    # The adapters it loaded died with the engine: a new watcher loads the newest version again.
+                    watcher.stop()
+                    watcher = None
                 server.stop()
-                run_command(server.start)
-                watcher, shown, refused = _start_watcher(cfg, server), 0, 0
+                run_command(server.start)  # one that is not ready in time fails `serve`, restarts left or not
+                watcher, shown, refused = run_command(_start_watcher, cfg, server), 0, 0
                 err_console.print(f"serving {server.base_name} again on {server.url}", highlight=False)
                 continue
             if watcher is None:

@@ -79,6 +79,7 @@ def signal_group(pgid: int | None, sig: signal.Signals) -> None:
             os.killpg(pgid, sig)
 
 
+START_HEADER = "=== starting:"  # the line a ChildProcess writes to its log at each start
 _EXCEPTION_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception): ")
 
 
@@ -105,6 +106,10 @@ def log_report(path: Path) -> str:
     rarely shows why (vLLM's engine, for one).
     """
     lines = _log_end(path, 256 * 1024).splitlines()
+    # A log appended to by several starts (`serve` restarting vLLM): the cause is in the last one's part.
+    starts = [i for i, line in enumerate(lines) if line.startswith(START_HEADER)]
+    if starts:
+        lines = lines[starts[-1] :]
     # A warning that merely names an error (vLLM's about `OSError: [Errno 24]` at every start) is not the cause.
     cause = next((line.strip() for line in lines if _EXCEPTION_LINE.search(line) and " WARNING " not in line), None)
     tail = "\n".join(lines[-LOG_TAIL_LINES:])
@@ -185,7 +190,7 @@ class ChildProcess:
         """Start the process in a session of its own (so no terminal signal such as Ctrl-C reaches it)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("ab")
-        self._log.write(f"\n=== starting: {' '.join(self.argv)} (at {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())
+        self._log.write(f"\n{START_HEADER} {' '.join(self.argv)} (at {time.strftime('%Y-%m-%d %H:%M:%S')})\n".encode())
         self._log.flush()
         self._proc = subprocess.Popen(
             self.argv,

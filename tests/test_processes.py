@@ -47,3 +47,12 @@ def test_the_first_error_of_a_report_is_not_a_warning_that_names_one(tmp_path: P
     )
     report = log_report(log)
     assert "first error: (APIServer pid=1) ERROR" in report and "EngineDeadError: EngineCore" in report
+
+
+def test_the_first_error_of_a_report_is_the_last_starts(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "=== starting: vllm (at 22:05)\nRuntimeError: the first crash\n"
+        "=== starting: vllm (at 22:08)\nTimeoutError: the second crash\n"
+    )
+    assert "first error: TimeoutError: the second crash" in log_report(log)
