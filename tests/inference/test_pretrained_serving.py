@@ -28,6 +28,7 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.buffer import ReplayBuffer
 from distrl_stream.learner.records import episode_from_event
 from distrl_stream.learner.trainer import Trainer, load_policy
+from distrl_stream.policy.precision import resolve_precision
 from distrl_stream.policy.prompt import Prompt, Prompter
 from distrl_stream.testing.parity import logprob_gaps
 from distrl_stream.testing.scripted import ScriptedPolicy
@@ -35,9 +36,10 @@ from tests.fixtures.vllm import VllmService, train_sft_adapter
 
 pytestmark = pytest.mark.vllm
 
-# Server and learner both in bf16, the precision `auto` picks on these CPUs (the pretrained profile's): the learner's
-# autocast and vLLM's kernels round differently. Measured 0.075 nats mean per action, 0.38 at worst (docs/learner.md,
-# "Precision"); float32 on both sides measured 0.0000.
+# Server and learner both at the precision `auto` picks on this CPU (the pretrained profile serves `auto`): bf16 where
+# the CPU has bf16 units, whose learner autocast and vLLM kernels round differently (0.075 nats mean per action, 0.38
+# at worst, docs/learner.md "Precision"), float32 elsewhere (0.0000 measured).
+PRECISION = resolve_precision("auto", "cpu", role="learner")
 MAX_MEAN_GAP = 0.1
 
 
@@ -90,7 +92,7 @@ def test_smollm2_answers_chat_prompts_with_candidates_and_the_learner_reproduces
     assert all(r.token_ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>") for r in results)
     model = AutoModelForCausalLM.from_pretrained(smollm2_server.model_dir, dtype=torch.float32).eval()
     gaps = logprob_gaps(
-        model, tokenizer, [p for p, _ in states], results, [c for _, c in states], batch_size=8, precision="bfloat16"
+        model, tokenizer, [p for p, _ in states], results, [c for _, c in states], batch_size=8, precision=PRECISION
     )
     mean, worst = statistics.fmean(gaps), max(gaps)
     record_property("smollm2_choice_mean_abs_gap_nats", mean)
@@ -157,7 +159,7 @@ def test_a_lora_version_trained_on_smollm2_is_hot_loaded_from_kafka_and_served(
     # The learner holding the same adapter recomputes what version 1 served.
     base = AutoModelForCausalLM.from_pretrained(smollm2_server.model_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(base, adapter).eval()
-    gaps = logprob_gaps(model, tokenizer, prompts, results, candidates, batch_size=8, precision="bfloat16")
+    gaps = logprob_gaps(model, tokenizer, prompts, results, candidates, batch_size=8, precision=PRECISION)
     print(f"SmolLM2 + LoRA v1: mean |gap| {statistics.fmean(gaps):.4f} nats")
     assert statistics.fmean(gaps) < MAX_MEAN_GAP
 
@@ -229,10 +231,10 @@ def test_the_learner_trains_on_the_prompt_ids_the_server_saw_whatever_its_own_te
         assert step.prompt_token_ids.to_numpy().tolist() == list(result.prompt_token_ids)
 
     # A learner whose own chat template differs from the collectors' (another version of the tokenizer files).
-    model, learner_tokenizer = load_policy(smollm2_server.model_dir, ModelConfig(), precision="bfloat16")
+    model, learner_tokenizer = load_policy(smollm2_server.model_dir, ModelConfig(), precision=PRECISION)
     learner_tokenizer.chat_template = "{{ 'Learner side. ' }}" + learner_tokenizer.chat_template
     learner = LearnerConfig(batch_episodes=len(read), min_buffer_episodes=1, micro_batch_steps=4)
-    trainer = Trainer(learner, model, learner_tokenizer, ReplayBuffer.from_config(learner), precision="bfloat16")
+    trainer = Trainer(learner, model, learner_tokenizer, ReplayBuffer.from_config(learner), precision=PRECISION)
     episodes = [
         episode_from_event(e, check_action=trainer.constraint.allowed, vocab_size=trainer.vocab_size) for e in read
     ]
