@@ -71,17 +71,16 @@ def serve(
         while True:
             time.sleep(1.0)
             if not server.running():
-                code = server.returncode
+                exited = f"vLLM server exited unexpectedly with code {server.returncode}"
                 if restarts >= cfg.inference.restarts:
                     fail(
-                        f"vLLM server exited unexpectedly with code {code} after {restarts} restarts "
+                        f"{exited} after {restarts} restarts "
                         f"(inference.restarts = {cfg.inference.restarts}) {log_report(server.log_path)}"
                     )
                 restarts += 1
                 # The requests in flight died with its engine: clients move them to another server (docs/inference.md).
                 err_console.print(
-                    f"vLLM server exited unexpectedly with code {code}; restarting it ({restarts} of "
-                    f"{cfg.inference.restarts}) {log_report(server.log_path)}",
+                    f"{exited}; restarting it ({restarts} of {cfg.inference.restarts}) {log_report(server.log_path)}",
                     markup=False,
                     highlight=False,
                     soft_wrap=True,
