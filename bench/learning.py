@@ -654,7 +654,8 @@ def plot(
 
 # Per method, what a seed's run reports and the combined file summarises (mean, spread, every seed's value). The time
 # to target is not among them: it is recomputed from every file's curve at the combined target.
-SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published")
+# Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
+SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
 # What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
 SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner", "precision")
 SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
