@@ -161,6 +161,7 @@ class TrajectoryReader(BackgroundFollower):
         self._pending_commit: dict[int, int] | None = None
         self._paused = False
         self._dead_letters: DeadLetterQueue | None = None
+        self._rebalanced: set[int] = set()  # partitions a rebalance callback touched during the current poll
 
     # -- trainer side ------------------------------------------------------------------------------------------
 
@@ -264,7 +265,7 @@ class TrajectoryReader(BackgroundFollower):
                     lag_due = time.monotonic() + self.cfg.learner.metrics_interval_s
                     self._measure_lag(consumer)
                 self._flow_control(consumer, limit)
-                batch = consumer.consume(256, 0.2)
+                batch = self._fetch(consumer, 256, 0.2)
                 with dead_letters.batch():  # one transaction for a batch's dead letters
                     entries = [self._entry(msg, dead_letters) for msg in batch]
                 self.dead_lettered = dead_letters.count
@@ -278,6 +279,25 @@ class TrajectoryReader(BackgroundFollower):
             consumer.close()
             dead_letters.close()
             self._dead_letters = None
+
+    def _fetch(self, consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:
+        """Up to ``max_records`` records, one poll at a time (the first waits up to ``timeout_s``).
+
+        A rebalance callback runs inside a poll. Records fetched before it of a partition it revoked or assigned are
+        stale: whoever owns the partition now reads them again from the hand-over, so keeping them would use them
+        twice (or out of order). Polling one record at a time is what tells them apart: a batch ``consume()`` returns
+        records fetched before a callback it served in the same call, indistinguishable from those after it
+        (confluent-kafka-python issue 1013; a soak saw a partition's first records ingested twice)."""
+        fetched: list[Message] = []
+        while len(fetched) < max_records:
+            self._rebalanced.clear()
+            msg = consumer.poll(timeout_s if not fetched else 0.0)
+            if self._rebalanced:
+                fetched = [m for m in fetched if m.partition() not in self._rebalanced]
+            if msg is None:
+                break
+            fetched.append(msg)
+        return fetched
 
     def _measure_lag(self, consumer: Consumer) -> None:
         """``lag`` = Σ high watermark − accepted position over our partitions (queued entries count as lag)."""
@@ -359,6 +379,7 @@ class TrajectoryReader(BackgroundFollower):
         except KafkaClientError as exc:
             log.warning("learner %s: log starts of %s unknown (%s): re-read from the shard", self.member_id, shard, exc)
             kept_from = {}
+        self._rebalanced.update(tp.partition for tp in partitions)
         with self._cond:
             # Partitions lost earlier that this assignment does not bring back belong to another member now.
             gone = set(self._resume) - {tp.partition for tp in partitions}
@@ -399,6 +420,7 @@ class TrajectoryReader(BackgroundFollower):
                 "timed out): the group restarts from its checkpoint"
             )
         lost = {tp.partition for tp in partitions}
+        self._rebalanced |= lost
         with self._cond:
             # A hand-over to itself: queued entries not yet used are read again when the partitions come back.
             offsets, metadata = self._let_go(lost)
@@ -412,6 +434,7 @@ class TrajectoryReader(BackgroundFollower):
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         revoked = {tp.partition for tp in partitions}
+        self._rebalanced |= revoked
         with self._cond:
             offsets, metadata = self._let_go(revoked)
             for p in revoked:

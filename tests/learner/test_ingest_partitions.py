@@ -1,9 +1,11 @@
 """Where the trajectory reader continues when partitions come and go (rebalance callbacks; no services): a lone
-member's partitions lost to a session time-out resume where it stopped, a group member's are fatal."""
+member's partitions lost to a session time-out resume where it stopped, a group member's are fatal, and records
+fetched before a rebalance of their partition are not used beside the same records read again after it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import pytest
 from confluent_kafka import TopicPartition
@@ -30,6 +32,37 @@ class StandInConsumer:
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = sorted((tp.partition, tp.offset) for tp in partitions)
+
+    def commit_offsets(self, _topic: str, offsets: Mapping[int, int], metadata: Mapping[int, str]) -> None:
+        self._committed.update({p: (o, metadata[p]) for p, o in offsets.items()})
+
+
+@dataclass(frozen=True)
+class StandInRecord:
+    at: tuple[int, int]  # partition, offset
+
+    def partition(self) -> int:
+        return self.at[0]
+
+    def offset(self) -> int:
+        return self.at[1]
+
+
+class PollingStandIn(StandInConsumer):
+    """poll() hands out a script: records, and rebalances that run inside a poll (as librdkafka runs callbacks)."""
+
+    def __init__(self, script: list[tuple[int, int] | Callable[[], None]]) -> None:
+        super().__init__()
+        self.script = script
+
+    def poll(self, _timeout_s: float) -> StandInRecord | None:
+        while self.script:
+            step = self.script.pop(0)
+            if callable(step):
+                step()
+            else:
+                return StandInRecord(step)
+        return None
 
 
 def _reader(solo: bool, start: Mapping[int, int]) -> TrajectoryReader:
@@ -80,3 +113,19 @@ def test_a_group_member_that_lost_its_partitions_fails_for_a_restart_from_the_ch
     reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
     with pytest.raises(LearnerError, match=r"lost partitions \[0\].*restarts from its checkpoint"):
         reader._on_lost(consumer, _tps(0))  # type: ignore[arg-type]
+
+
+def test_records_fetched_before_a_rebalance_of_their_partition_are_dropped_for_those_read_again_after_it() -> None:
+    reader = _reader(solo=False, start={0: 0, 1: 5})
+    consumer = PollingStandIn([])
+    reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
+
+    def rebalance_partition_0() -> None:  # an incremental rebalance: partition 0 leaves and comes back, 1 stays
+        reader._on_revoke(consumer, _tps(0))  # type: ignore[arg-type]
+        reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+
+    consumer.script = [(0, 0), (1, 5), (0, 1), rebalance_partition_0, (0, 0), (0, 1), (1, 6)]
+    fetched = reader._fetch(consumer, 256, 0.0)  # type: ignore[arg-type]
+    # Partition 0 is read again from its hand-over (nothing of it was used): once, in order. Partition 1 was untouched.
+    assert consumer.committed(TOPIC, [0]) == {0: (0, "g1")} and consumer.assigned == [(0, 0)]
+    assert [m.at for m in fetched] == [(1, 5), (0, 0), (0, 1), (1, 6)]
