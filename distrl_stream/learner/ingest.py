@@ -75,6 +75,8 @@ class Entry:
         rebuild: re-read to refill the replay shard from a checkpoint (already ingested before it).
         reason: why a dead entry is unusable (its dead letter's reason; "" for episodes).
         versions: a dead entry that decoded: the versions that acted its steps (empty when undecodable).
+        assignment: which assignment of its partition to this member it was read under (0: none yet):
+            :meth:`TrajectoryReader.accept` refuses it once the partition was revoked, even if it came back since.
     """
 
     partition: int
@@ -86,6 +88,7 @@ class Entry:
     rebuild: bool = False
     reason: str = ""
     versions: tuple[int, ...] = ()
+    assignment: int = 0
 
 
 def entry_from_message(
@@ -162,6 +165,8 @@ class TrajectoryReader(BackgroundFollower):
         self._paused = False
         self._dead_letters: DeadLetterQueue | None = None
         self._rebalanced: set[int] = set()  # partitions a rebalance callback touched during the current poll
+        self._assignments = 0  # assignments so far (numbers them)
+        self._assignment: dict[int, int] = {}  # partition -> the number of the assignment it is held under
 
     # -- trainer side ------------------------------------------------------------------------------------------
 
@@ -194,11 +199,11 @@ class TrajectoryReader(BackgroundFollower):
         """Claim ``entry`` for the trainer: its partition's position moves past it.
 
         Returns:
-            False when its partition was revoked meanwhile (another member now owns it; the trainer must not use
-            it), else True.
+            False when its partition was revoked since it was read (another member now owns it, or this one read
+            it again from the hand-over; the trainer must not use it), else True.
         """
         with self._cond:
-            if entry.partition not in self._assigned:
+            if entry.partition not in self._assigned or entry.assignment != self._assignment.get(entry.partition):
                 return False
             if entry.rebuild:
                 self._rebuild_pos[entry.partition] = entry.offset + 1
@@ -281,17 +286,18 @@ class TrajectoryReader(BackgroundFollower):
             self._dead_letters = None
 
     def _fetch(self, consumer: Consumer, max_records: int, timeout_s: float) -> list[Message]:
-        """Up to ``max_records`` records, one poll at a time (the first waits up to ``timeout_s``).
+        """Up to ``max_records`` records within ``timeout_s``, one poll at a time.
 
         A rebalance callback runs inside a poll. Records fetched before it of a partition it revoked or assigned are
-        stale: whoever owns the partition now reads them again from the hand-over, so keeping them would use them
-        twice (or out of order). Polling one record at a time is what tells them apart: a batch ``consume()`` returns
-        records fetched before a callback it served in the same call, indistinguishable from those after it
-        (confluent-kafka-python issue 1013; a soak saw a partition's first records ingested twice)."""
+        stale (whoever owns the partition now reads them again from the hand-over): they are dropped here, so every
+        entry is read under the assignment it is stamped with. librdkafka purges them from a batch ``consume()`` too
+        (its pull request 3269, for confluent-kafka-python issue 1013); one record a poll keeps this rule from
+        depending on that."""
         fetched: list[Message] = []
+        deadline = time.monotonic() + timeout_s
         while len(fetched) < max_records:
             self._rebalanced.clear()
-            msg = consumer.poll(timeout_s if not fetched else 0.0)
+            msg = consumer.poll(max(deadline - time.monotonic(), 0.0))
             if self._rebalanced:
                 fetched = [m for m in fetched if m.partition() not in self._rebalanced]
             if msg is None:
@@ -319,10 +325,10 @@ class TrajectoryReader(BackgroundFollower):
         partition, offset = msg.partition() or 0, msg.offset() or 0
         with self._cond:
             rebuild = offset < self._rebuild_until.get(partition, -1)
-        if not rebuild:
-            return entry_from_message(msg, dead_letters, self._convert)
+            assignment = self._assignment.get(partition, 0)
         # Dead letters of the shard's range were sent before the checkpoint: do not send them twice.
-        return dataclasses.replace(entry_from_message(msg, None, self._convert), rebuild=True)
+        entry = entry_from_message(msg, None if rebuild else dead_letters, self._convert)
+        return dataclasses.replace(entry, rebuild=rebuild, assignment=assignment)
 
     def _flow_control(self, consumer: Consumer, limit: int) -> None:
         queued = self.queued
@@ -348,6 +354,8 @@ class TrajectoryReader(BackgroundFollower):
         """Stop using ``partitions``: their queued entries are dropped (whoever continues reads them again); returns
         where that is (:meth:`_handover`). Under the lock."""
         self._assigned -= partitions
+        for p in partitions:
+            self._assignment.pop(p, None)
         kept = [e for e in self._queue if e.partition not in partitions]
         self._queue.clear()
         self._queue.extend(kept)
@@ -386,8 +394,10 @@ class TrajectoryReader(BackgroundFollower):
             for p in gone:
                 del self._resume[p]
                 self._forget(p)
+            self._assignments += 1
             for tp in partitions:
                 p = tp.partition
+                self._assignment[p] = self._assignments
                 offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
                 token, _, until = metadata.partition("/")
                 if self.generation and token == self.generation:

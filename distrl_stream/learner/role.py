@@ -464,7 +464,7 @@ class Learner:
         assert self._reader is not None
         for entry in entries:
             if not self._reader.accept(entry):
-                continue  # its partition moved to another member, which reads it from our hand-over commit
+                continue  # its partition was revoked since: whoever holds it now reads it from our hand-over
             if entry.rebuild:
                 self._rebuild(entry)
                 continue

@@ -69,9 +69,14 @@ def _reader(solo: bool, start: Mapping[int, int]) -> TrajectoryReader:
     return TrajectoryReader(load_config(run="run"), "0", start, generation="g1", solo=solo)
 
 
+def _read(reader: TrajectoryReader, partition: int, offset: int) -> Entry:
+    """An entry as the reader thread makes it: stamped with its partition's current assignment."""
+    return Entry(partition, offset, f"e{offset}", EntryKind.EPISODE, assignment=reader._assignment.get(partition, 0))
+
+
 def _use(reader: TrajectoryReader, partition: int, offsets: Iterable[int]) -> None:
     for offset in offsets:
-        assert reader.accept(Entry(partition, offset, f"e{offset}", EntryKind.EPISODE))
+        assert reader.accept(_read(reader, partition, offset))
 
 
 def _tps(*partitions: int) -> list[TopicPartition]:
@@ -87,7 +92,7 @@ def test_a_lone_member_continues_where_it_stopped_when_its_lost_partitions_come_
     _use(reader, 1, range(3, 4))
 
     reader._on_lost(consumer, _tps(0, 1))  # type: ignore[arg-type]
-    assert not reader.accept(Entry(0, 9, "late", EntryKind.EPISODE))  # nothing of a lost partition is used
+    assert not reader.accept(_read(reader, 0, 9))  # nothing of a lost partition is used
     reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
     # Not the committed checkpoint offsets (5, 3): the episodes used since would be ingested twice.
     assert consumer.assigned == [(0, 9), (1, 4)]
@@ -120,12 +125,26 @@ def test_records_fetched_before_a_rebalance_of_their_partition_are_dropped_for_t
     consumer = PollingStandIn([])
     reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
 
-    def rebalance_partition_0() -> None:  # an incremental rebalance: partition 0 leaves and comes back, 1 stays
-        reader._on_revoke(consumer, _tps(0))  # type: ignore[arg-type]
-        reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    def rebalance() -> None:  # eager: every partition is revoked, and the assignor gives both back to this member
+        reader._on_revoke(consumer, _tps(0, 1))  # type: ignore[arg-type]
+        reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
 
-    consumer.script = [(0, 0), (1, 5), (0, 1), rebalance_partition_0, (0, 0), (0, 1), (1, 6)]
+    consumer.script = [(0, 0), (1, 5), (0, 1), rebalance, (0, 0), (1, 5), (0, 1), (1, 6)]
     fetched = reader._fetch(consumer, 256, 0.0)  # type: ignore[arg-type]
-    # Partition 0 is read again from its hand-over (nothing of it was used): once, in order. Partition 1 was untouched.
-    assert consumer.committed(TOPIC, [0]) == {0: (0, "g1")} and consumer.assigned == [(0, 0)]
-    assert [m.at for m in fetched] == [(1, 5), (0, 0), (0, 1), (1, 6)]
+    # Nothing was used, so both partitions are read again from their hand-overs: each record once, in order.
+    assert consumer.committed(TOPIC, [0, 1]) == {0: (0, "g1"), 1: (5, "g1")} and consumer.assigned == [(0, 0), (1, 5)]
+    assert [m.at for m in fetched] == [(0, 0), (1, 5), (0, 1), (1, 6)]
+
+
+def test_entries_read_before_their_partition_was_revoked_are_refused_after_it_came_back() -> None:
+    reader = _reader(solo=False, start={0: 0})
+    consumer = StandInConsumer()
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    _use(reader, 0, [0])
+    drained = [_read(reader, 0, offset) for offset in (1, 2)]  # the trainer holds them, not yet accepted
+    reader._on_revoke(consumer, _tps(0))  # type: ignore[arg-type]
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, 1)]  # read again from the hand-over: the held entries would be used twice
+    assert [reader.accept(e) for e in drained] == [False, False]
+    _use(reader, 0, [1, 2])
+    assert reader.positions() == {0: 3}
