@@ -158,7 +158,8 @@ class TrajectoryReader(BackgroundFollower):
         self._positions: dict[int, int] = {}
         self._rebuild_until: dict[int, int] = {}  # partition -> end of its rebuild range (the checkpoint's offset)
         self._rebuild_pos: dict[int, int] = {}  # partition -> next rebuild offset not yet accepted
-        self._assigned: set[int] = set()
+        # Partition -> the number of the assignment it is held under (entries read then carry it; see accept).
+        self._assigned: dict[int, int] = {}
         self._queue: deque[Entry] = deque()
         self._cond = threading.Condition()
         self._pending_commit: dict[int, int] | None = None
@@ -166,7 +167,6 @@ class TrajectoryReader(BackgroundFollower):
         self._dead_letters: DeadLetterQueue | None = None
         self._rebalanced: set[int] = set()  # partitions a rebalance callback touched during the current poll
         self._assignments = 0  # assignments so far (numbers them)
-        self._assignment: dict[int, int] = {}  # partition -> the number of the assignment it is held under
 
     # -- trainer side ------------------------------------------------------------------------------------------
 
@@ -203,7 +203,7 @@ class TrajectoryReader(BackgroundFollower):
             it again from the hand-over; the trainer must not use it), else True.
         """
         with self._cond:
-            if entry.partition not in self._assigned or entry.assignment != self._assignment.get(entry.partition):
+            if entry.assignment != self._assigned.get(entry.partition):
                 return False
             if entry.rebuild:
                 self._rebuild_pos[entry.partition] = entry.offset + 1
@@ -325,7 +325,7 @@ class TrajectoryReader(BackgroundFollower):
         partition, offset = msg.partition() or 0, msg.offset() or 0
         with self._cond:
             rebuild = offset < self._rebuild_until.get(partition, -1)
-            assignment = self._assignment.get(partition, 0)
+            assignment = self._assigned.get(partition, 0)
         # Dead letters of the shard's range were sent before the checkpoint: do not send them twice.
         entry = entry_from_message(msg, None if rebuild else dead_letters, self._convert)
         return dataclasses.replace(entry, rebuild=rebuild, assignment=assignment)
@@ -353,9 +353,8 @@ class TrajectoryReader(BackgroundFollower):
     def _let_go(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
         """Stop using ``partitions``: their queued entries are dropped (whoever continues reads them again); returns
         where that is (:meth:`_handover`). Under the lock."""
-        self._assigned -= partitions
         for p in partitions:
-            self._assignment.pop(p, None)
+            self._assigned.pop(p, None)
         kept = [e for e in self._queue if e.partition not in partitions]
         self._queue.clear()
         self._queue.extend(kept)
@@ -397,7 +396,7 @@ class TrajectoryReader(BackgroundFollower):
             self._assignments += 1
             for tp in partitions:
                 p = tp.partition
-                self._assignment[p] = self._assignments
+                self._assigned[p] = self._assignments
                 offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
                 token, _, until = metadata.partition("/")
                 if self.generation and token == self.generation:
@@ -415,7 +414,6 @@ class TrajectoryReader(BackgroundFollower):
                         self._rebuild_until[p] = start
                 else:
                     tp.offset = OFFSET_BEGINNING
-                self._assigned.add(p)
         # Assigning here with offsets set is how a rebalance callback chooses where reading starts.
         consumer.assign(partitions)
         self._paused = False

@@ -71,7 +71,7 @@ def _reader(solo: bool, start: Mapping[int, int]) -> TrajectoryReader:
 
 def _read(reader: TrajectoryReader, partition: int, offset: int) -> Entry:
     """An entry as the reader thread makes it: stamped with its partition's current assignment."""
-    return Entry(partition, offset, f"e{offset}", EntryKind.EPISODE, assignment=reader._assignment.get(partition, 0))
+    return Entry(partition, offset, f"e{offset}", EntryKind.EPISODE, assignment=reader._assigned.get(partition, 0))
 
 
 def _use(reader: TrajectoryReader, partition: int, offsets: Iterable[int]) -> None:
