@@ -21,7 +21,10 @@ Same starting policy for all (an honest warm start, the paper's off-to-on settin
 simulator's oracle, replaced by a uniformly random candidate with probability ``--noise``) plays the train tasks into
 a topic of its own; a short behaviour-cloning pass on that replayed topic (``Learner.pretrain``, the ``learn
 --from-replay`` path) gives the warm adapter, whose held-out success must be at most 50%. Each method's learner
-starts from it (``learner.init_adapter``) and publishes it as version 1.
+starts from it (``learner.init_adapter``) and publishes it as version 1. The clone's weights differ between CPUs for the
+same recipe (float rounding of another instruction set), so ``--save-warm-start DIR`` keeps the adapter with its
+recipe and ``--warm-start DIR`` starts every method from it instead of cloning: seeds run on other machines then
+share one warm start (the tiny model built there must equal the one it was cloned on: checked).
 
 Same environments: the simulated phone in choice mode on 8 templates, three of them multi-step (two settings; a
 setting and an alarm; a contact added and called), with heavy-tailed step latency (log-normal around a per-task scale
@@ -65,11 +68,12 @@ episode times, where a synchronous round no longer waits for a much slower envir
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
 [--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--target S] [--latency-spread X] [--latency-sigma W]
-[--model NAME [--env miniwob]] [--out FILE]`` writes ``bench/results/learning.json`` and ``bench/results/learning.png``
-(or FILE and the plot beside it). Seeds run one per invocation, each with its own file; ``python bench/learning.py
---combine FILE… --out FILE [--target S]`` then gives each method's mean, spread and per-seed values, every seed's time
-to the target (recomputed from its curve, at ``--target`` when given), the sync speed-up over the seeds (geometric
-mean, 95% interval, censored seeds counted: ``RATIO_RULE``), and a plot of the mean curves with their spread.
+[--bc-updates N] [--warm-start DIR] [--save-warm-start DIR] [--model NAME [--env miniwob]] [--out FILE]`` writes
+``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE and the plot beside it). Seeds run one per
+invocation, each with its own file; ``python bench/learning.py --combine FILE… --out FILE [--target S]`` then gives
+each method's mean, spread and per-seed values, every seed's time to the target (recomputed from its curve, at
+``--target`` when given), the sync speed-up over the seeds (geometric mean, 95% interval, censored seeds counted:
+``RATIO_RULE``), and a plot of the mean curves with their spread.
 """
 
 from __future__ import annotations
@@ -182,6 +186,9 @@ LEARNER = {
     "threads": 1,
 }
 WARM_LR = 3e-3
+# The warm start's recipe (--noise, --scripted-episodes, --bc-updates): the scripted policy's random-action
+# probability, the episodes it plays, and the behaviour-cloning updates on them.
+WARM_RECIPE = {"noise": 0.3, "scripted_episodes": 300, "bc_updates": 600}
 # A pretrained model's learner: `up`'s pretrained profile (micro-batches of 2 steps, checkpointing, lr 3e-4, γ 0.9) over
 # LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~36 s an
 # update), leaving A-RIDE, the only method that warms up, no policy step.
@@ -245,32 +252,33 @@ async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: flo
     return wins / episodes
 
 
-def warm_start(cfg: Config, scripted_run: str, updates: int) -> Path:
-    """Behaviour cloning on the replayed scripted topic; returns the adapter it publishes as version 1."""
-    learner = Learner(cfg)
-    try:
-        learner.start(from_replay=scripted_run, replay_updates=updates, replay_algorithm="bc")
-    finally:
-        learner.close()
-    return adapter_dir(cfg, 1)
+def weights_sha256(path: Path) -> str:
+    """The sha256 of a weights file: equal in two runs means the same weights."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def make_warm_start(
-    *,
-    base: dict[str, Any],
-    cfg: Config,
-    tasks: list[Any],
-    server_url: str,
-    root: Path,
-    episodes: int,
-    noise: float,
-    bc_updates: int,
-) -> tuple[float, EvalResult, str]:
-    """Record the noisy scripted policy, clone it, and point ``base``'s learners at the clone (``init_adapter``).
+class WarmStart(NamedTuple):
+    """The adapter every method's learner starts from, published as version 1 of the run ``{prefix}-warm``."""
 
-    Returns the scripted policy's success, the warm start's held-out result on ``tasks``, and the sha256 of its
-    weights (equal in two runs: the same start).
-    """
+    adapter: Path
+    # How it was made, as --save-warm-start writes it beside the adapter (WARM_START_RECIPE): scripted_noise,
+    # scripted_episodes, bc_updates, scripted_policy_success, templates, base_weights_sha256 (the tiny model it was
+    # cloned on) and warm_start_weights_sha256 (the adapter's own).
+    recipe: dict[str, Any]
+
+
+# A saved warm start is these files of the clone's adapter folder and the recipe beside them. The clone's weights
+# differ between CPUs for the same recipe and seed (float rounding of another instruction set), so seeds run on two
+# machines compare only from one saved warm start (--warm-start).
+WARM_START_FILES = ("adapter_model.safetensors", "adapter_config.json")
+WARM_START_RECIPE = "recipe.json"
+
+
+def clone_warm_start(
+    base: dict[str, Any], *, episodes: int, noise: float, bc_updates: int, base_weights: str
+) -> WarmStart:
+    """Record the noisy scripted policy into ``{prefix}-scripted`` and clone it into ``{prefix}-warm``, whose version
+    1 is the warm start."""
     from transformers import AutoTokenizer
 
     prefix = base["run"]
@@ -285,17 +293,76 @@ def make_warm_start(
     warm_cfg = load_config(
         None, **{**base, "run": f"{prefix}-warm", "learner": {**base["learner"], "policy_lr": WARM_LR}}
     )
-    warm_adapter = warm_start(warm_cfg, scripted_cfg.run, bc_updates)
-    base["learner"]["init_adapter"] = str(warm_adapter)
-    # The adapter's weights alone (its folder also names this run's model path).
-    warm_weights_sha256 = hashlib.sha256((warm_adapter / "adapter_model.safetensors").read_bytes()).hexdigest()
+    learner = Learner(warm_cfg)
+    try:
+        learner.start(from_replay=scripted_cfg.run, replay_updates=bc_updates, replay_algorithm="bc")
+    finally:
+        learner.close()
+    adapter = adapter_dir(warm_cfg, 1)
+    recipe = {
+        "scripted_noise": noise,
+        "scripted_episodes": episodes,
+        "bc_updates": bc_updates,
+        "scripted_policy_success": scripted_success,
+        "templates": base["env"]["templates"],
+        "base_weights_sha256": base_weights,
+        # The adapter's weights alone (its folder also names this run's model path).
+        "warm_start_weights_sha256": weights_sha256(adapter / "adapter_model.safetensors"),
+    }
+    return WarmStart(adapter, recipe)
+
+
+def load_warm_start(base: dict[str, Any], saved: Path, base_weights: str) -> WarmStart:
+    """Publish the warm start saved in ``saved`` (--save-warm-start) as version 1 of ``{prefix}-warm``.
+
+    Raises:
+        SystemExit: ``saved`` is no saved warm start, or was cloned on other templates or another tiny model.
+    """
+    try:
+        recipe = json.loads((saved / WARM_START_RECIPE).read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--warm-start: no readable {WARM_START_RECIPE} in {saved} ({exc})") from None
+    if recipe["templates"] != base["env"]["templates"]:
+        raise SystemExit(
+            f"--warm-start: cloned on the templates {','.join(recipe['templates'])}; this run's are "
+            f"{','.join(base['env']['templates'])} (--templates)"
+        )
+    if recipe["base_weights_sha256"] != base_weights:
+        raise SystemExit(
+            "--warm-start: cloned on a tiny model whose weights differ from the one built here "
+            f"(sha256 {recipe['base_weights_sha256'][:12]}… against {base_weights[:12]}…)"
+        )
+    if weights_sha256(saved / "adapter_model.safetensors") != recipe["warm_start_weights_sha256"]:
+        raise SystemExit(f"--warm-start: {saved}/adapter_model.safetensors is not the adapter its recipe names")
+    learner = Learner(
+        load_config(
+            None, **{**base, "run": f"{base['run']}-warm", "learner": {**base["learner"], "init_adapter": str(saved)}}
+        )
+    )
+    try:
+        learner.start()  # an init_adapter is published as the first version at start
+    finally:
+        learner.close()
+    return WarmStart(saved, recipe)
+
+
+def save_warm_start(warm: WarmStart, to: Path) -> None:
+    """Copy the warm start's adapter files and write its recipe into ``to`` (created; its files replaced)."""
+    to.mkdir(parents=True, exist_ok=True)
+    for name in WARM_START_FILES:
+        (to / name).write_bytes((warm.adapter / name).read_bytes())
+    (to / WARM_START_RECIPE).write_text(json.dumps(warm.recipe, indent=2) + "\n")
+
+
+def evaluate_warm_start(cfg: Config, prefix: str, server_url: str, tasks: list[Any], root: Path) -> EvalResult:
+    """The warm start's held-out result: version 1 of ``{prefix}-warm`` on ``tasks``."""
     warm_event = next(
-        decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, TopicNames(warm_cfg.run).weights)
+        decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, TopicNames(f"{prefix}-warm").weights)
     )
     (warm,) = asyncio.run(
         evaluate_versions(cfg, server_url, [warm_event], tasks, staging_dir=root / "staging-warm", concurrency=16)
     )
-    return scripted_success, warm, warm_weights_sha256
+    return warm
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -837,6 +904,9 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
         raise SystemExit(f"--combine: the files repeat a seed ({seeds})")
     if len({r["metrics"].get("warm_start_weights_sha256") for r in runs}) != 1:
         raise SystemExit("--combine: the files do not share one warm start")
+    # Files written before the base model's weights were recorded are left out of this check.
+    if len({r["metrics"].get("base_weights_sha256") for r in runs} - {None}) > 1:
+        raise SystemExit("--combine: the files' tiny models differ (base_weights_sha256)")
     for setting in SHARED_SETTINGS:
         default = "sim" if setting == "env" else None  # files written before --env existed are sim runs
         if len({json.dumps(r["metrics"].get(setting, default), sort_keys=True) for r in runs}) != 1:
@@ -1045,9 +1115,29 @@ def main() -> None:
     )
     parser.add_argument("--eval-tasks", type=int, help="held-out tasks per evaluation (default 40 quick, 80 full)")
     parser.add_argument("--points", type=int, default=8, help="versions evaluated per method")
-    parser.add_argument("--noise", type=float, default=0.3, help="scripted policy's random-action probability")
-    parser.add_argument("--scripted-episodes", type=int, default=300, help="episodes of the scripted policy")
-    parser.add_argument("--bc-updates", type=int, default=600, help="behaviour-cloning updates of the warm start")
+    parser.add_argument(
+        "--noise", type=float, help=f"scripted policy's random-action probability (default {WARM_RECIPE['noise']})"
+    )
+    parser.add_argument(
+        "--scripted-episodes",
+        type=int,
+        help=f"episodes of the scripted policy (default {WARM_RECIPE['scripted_episodes']})",
+    )
+    parser.add_argument(
+        "--bc-updates",
+        type=int,
+        help=f"behaviour-cloning updates of the warm start (default {WARM_RECIPE['bc_updates']})",
+    )
+    parser.add_argument(
+        "--warm-start",
+        type=Path,
+        metavar="DIR",
+        help="start every method from this saved warm start (--save-warm-start) instead of cloning one: seeds run on "
+        "other machines then share it (a clone's weights differ between CPUs)",
+    )
+    parser.add_argument(
+        "--save-warm-start", type=Path, metavar="DIR", help="save the warm start (adapter and recipe) into DIR"
+    )
     parser.add_argument(
         "--inference-url", help="use this running vLLM server (serving the bench's model as it would) instead of one"
     )
@@ -1121,6 +1211,16 @@ def main() -> None:
         parser.error("--target: a pretrained run's target is one every method reaches (set per run)")
     if args.latency_spread < 1 or args.latency_sigma < 0:
         parser.error("--latency-spread: at least 1 (slowest ÷ fastest); --latency-sigma: at least 0")
+    recipe_flags = {"noise": args.noise, "scripted_episodes": args.scripted_episodes, "bc_updates": args.bc_updates}
+    given = [name for name, value in recipe_flags.items() if value is not None]
+    if given and (args.model or args.warm_start):
+        why = "--model has no warm start" if args.model else "the saved warm start's recipe sets it"
+        parser.error(f"--{given[0].replace('_', '-')}: {why}")
+    for name, value in recipe_flags.items():
+        setattr(args, name, WARM_RECIPE[name] if value is None else value)
+    if args.model and (args.warm_start or args.save_warm_start):
+        flag = "--warm-start" if args.warm_start else "--save-warm-start"
+        parser.error(f"{flag}: --model has no warm start (every method starts from the zero-shot policy)")
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
@@ -1186,21 +1286,33 @@ def main() -> None:
             if args.env == "miniwob":
                 templates = cfg.env.miniwob_tasks  # what the results call the tasks evaluated
 
-            if args.model:  # the paper's setting: every method fine-tunes the zero-shot policy itself
-                scripted_success, warm, warm_weights_sha256 = None, None, None
-            else:
-                scripted_success, warm, warm_weights_sha256 = make_warm_start(
-                    base=base,
-                    cfg=cfg,
-                    tasks=tasks,
-                    server_url=server_url,
-                    root=root,
-                    episodes=args.scripted_episodes,
-                    noise=args.noise,
-                    bc_updates=args.bc_updates,
+            recipe: dict[str, Any] = {}
+            warm: EvalResult | None = None
+            warm_source = None
+            if not args.model:  # a pretrained model (the paper's setting) fine-tunes its zero-shot policy itself
+                base_weights = weights_sha256(model_dir / "model.safetensors")
+                if args.warm_start is not None:
+                    warm_start = load_warm_start(base, args.warm_start, base_weights)
+                else:
+                    warm_start = clone_warm_start(
+                        base,
+                        episodes=args.scripted_episodes,
+                        noise=args.noise,
+                        bc_updates=args.bc_updates,
+                        base_weights=base_weights,
+                    )
+                warm_source = str(args.warm_start or "cloned in this run")
+                if args.save_warm_start is not None:
+                    save_warm_start(warm_start, args.save_warm_start)
+                recipe = warm_start.recipe
+                base["learner"]["init_adapter"] = str(warm_start.adapter)
+                warm = evaluate_warm_start(cfg, prefix, server_url, tasks, root)
+                log.info(
+                    "scripted (noise %.2f) %.2f, warm start %.2f",
+                    recipe["scripted_noise"],
+                    recipe["scripted_policy_success"],
+                    warm.success_rate,
                 )
-            if warm is not None:
-                log.info("scripted (noise %.2f) %.2f, warm start %.2f", args.noise, scripted_success, warm.success_rate)
 
             # The seed moves what the methods do from here on; the warm start and the held-out tasks above stay.
             base["learner"]["seed"] = args.seed
@@ -1266,9 +1378,11 @@ def main() -> None:
             "untrained_success": untrained.success_rate,
             "untrained_by_template": untrained.by_template,
             "warm_start_success": None if warm is None else warm.success_rate,
-            "warm_start_weights_sha256": warm_weights_sha256,
+            "warm_start_weights_sha256": recipe.get("warm_start_weights_sha256"),
+            "warm_start_source": warm_source,
+            "base_weights_sha256": recipe.get("base_weights_sha256"),
             "warm_start_by_template": None if warm is None else warm.by_template,
-            "scripted_policy_success": scripted_success,
+            "scripted_policy_success": recipe.get("scripted_policy_success"),
             "curves": curves,
             "versions_published": {m: len(r.published_within(budget)) for m, r in runs.items()},
             "trajectories": {m: r.trajectories for m, r in runs.items()},
@@ -1282,9 +1396,9 @@ def main() -> None:
             "eval_tasks": eval_tasks,
             "learner": learner_profile,
             "precision": args.precision,
-            "scripted_noise": None if args.model else args.noise,
-            "scripted_episodes": None if args.model else args.scripted_episodes,
-            "bc_updates": None if args.model else args.bc_updates,
+            "scripted_noise": recipe.get("scripted_noise"),
+            "scripted_episodes": recipe.get("scripted_episodes"),
+            "bc_updates": recipe.get("bc_updates"),
             "model": args.model or "tiny (0.33M parameters, LoRA rank 8 on all projections)",
             "inference": PRETRAINED_UP_PROFILE["inference"] if args.model else {},
             "wall_s": time.monotonic() - started,

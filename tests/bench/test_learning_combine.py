@@ -45,6 +45,7 @@ def write_run(path: Path, seed: int, curves: dict[str, list[dict[str, Any]]], **
         "latency": LATENCY,
         "warm_start_success": 0.5,
         "warm_start_weights_sha256": "0" * 64,
+        "base_weights_sha256": "a" * 64,
         "untrained_success": 0.0,
         "budget_s_per_method": BUDGET,
         "eval_tasks": 40,
@@ -226,6 +227,7 @@ def test_combine_reads_files_written_before_the_target_and_sigma_were_recorded(t
         ("latency", LATENCY | {"sigma": 0.1}, "latency model"),
         ("precision", "float32", "differ in precision"),
         ("warm_start_weights_sha256", "1" * 64, "one warm start"),
+        ("base_weights_sha256", "b" * 64, "tiny models differ"),
         ("seed", 0, "repeat a seed"),
     ],
 )
@@ -238,6 +240,14 @@ def test_combine_refuses_files_that_differ_where_it_matters(
     files[1].write_text(json.dumps(run))
     with pytest.raises(SystemExit, match=message):
         learning.combine(files, tmp_path / "combined.json")
+
+
+def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path: Path) -> None:
+    files = seed_files(tmp_path)
+    run = json.loads(files[1].read_text())
+    del run["metrics"]["base_weights_sha256"]
+    files[1].write_text(json.dumps(run))
+    assert learning.combine(files, tmp_path / "combined.json")["metrics"]["seeds"] == [0, 1, 2]
 
 
 def test_combine_says_why_there_is_no_ratio_without_a_sync_arm(tmp_path: Path) -> None:

@@ -1,0 +1,89 @@
+"""bench/learning.py's saved warm start: what --save-warm-start writes, what --warm-start refuses before it starts a
+learner, and the flags it cannot be given with (no services: a learner is never reached)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import learning
+
+TEMPLATES = ["take_photo", "alarm_on"]
+BASE_WEIGHTS = "a" * 64
+
+
+def saved(tmp_path: Path) -> Path:
+    """A warm start as a clone of this run would be saved: an adapter folder with one more file, and its recipe."""
+    adapter = tmp_path / "clone"
+    adapter.mkdir()
+    (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "README.md").write_text("names this run's model path")
+    recipe = {
+        "scripted_noise": 0.3,
+        "scripted_episodes": 300,
+        "bc_updates": 120,
+        "scripted_policy_success": 0.8,
+        "templates": TEMPLATES,
+        "base_weights_sha256": BASE_WEIGHTS,
+        "warm_start_weights_sha256": learning.weights_sha256(adapter / "adapter_model.safetensors"),
+    }
+    learning.save_warm_start(learning.WarmStart(adapter, recipe), tmp_path / "saved")
+    return tmp_path / "saved"
+
+
+def base(templates: list[str] = TEMPLATES) -> dict[str, object]:
+    return {"run": "bench-learning-x", "env": {"templates": templates}, "learner": {}}
+
+
+def test_a_saved_warm_start_is_the_adapter_s_weights_config_and_recipe(tmp_path: Path) -> None:
+    folder = saved(tmp_path)
+    files = ["adapter_config.json", "adapter_model.safetensors", "recipe.json"]
+    assert sorted(p.name for p in folder.iterdir()) == files
+    assert (folder / "adapter_model.safetensors").read_bytes() == b"lora weights"
+    recipe = json.loads((folder / "recipe.json").read_text())
+    assert recipe["bc_updates"] == 120
+    assert recipe["warm_start_weights_sha256"] == learning.weights_sha256(folder / "adapter_model.safetensors")
+
+
+def test_a_warm_start_cloned_on_other_templates_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--warm-start: cloned on the templates take_photo,alarm_on.*\(--templates\)"):
+        learning.load_warm_start(base(["take_photo"]), saved(tmp_path), BASE_WEIGHTS)
+
+
+def test_a_warm_start_cloned_on_another_tiny_model_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="tiny model whose weights differ from the one built here"):
+        learning.load_warm_start(base(), saved(tmp_path), "b" * 64)
+
+
+def test_an_adapter_that_is_not_the_recipe_s_is_refused(tmp_path: Path) -> None:
+    folder = saved(tmp_path)
+    (folder / "adapter_model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(SystemExit, match="is not the adapter its recipe names"):
+        learning.load_warm_start(base(), folder, BASE_WEIGHTS)
+
+
+def test_a_folder_without_a_recipe_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match=r"--warm-start: no readable recipe\.json"):
+        learning.load_warm_start(base(), tmp_path, BASE_WEIGHTS)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--warm-start", "w", "--bc-updates", "120"], "--bc-updates: the saved warm start's recipe sets it"),
+        (["--warm-start", "w", "--noise", "0.5"], "--noise: the saved warm start's recipe sets it"),
+        (["--model", "smollm2-135m-instruct", "--scripted-episodes", "9"], "--scripted-episodes: --model has no warm"),
+        (["--model", "smollm2-135m-instruct", "--save-warm-start", "w"], "--save-warm-start: --model has no warm"),
+    ],
+)
+def test_flags_a_warm_start_cannot_take_are_refused_by_name(
+    flags: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["learning.py", "--out", "unused.json", *flags])
+    with pytest.raises(SystemExit):
+        learning.main()
+    assert message in capsys.readouterr().err
