@@ -120,7 +120,8 @@ class KafkaConfig(Section):
         description="Extra librdkafka properties passed to every client (producer, consumer, admin), e.g. "
         'security.protocol, sasl.mechanism, sasl.username, ssl.ca.location. Env: DISTRL_KAFKA__CLIENT=\'{"k":"v"}\'. '
         "Passwords and keys (sasl.password, ssl.key.password, ssl.key.pem, ...) are kept masked: `config show` and "
-        "logs print ********** for them.",
+        "logs print ********** for them. Rebalances stay eager: a cooperative partition.assignment.strategy or "
+        "group.protocol consumer is refused (docs/learner.md).",
     )
     trajectory_partitions: int = Field(
         4, ge=1, description="Partitions of {run}.trajectories: the most learner-group members that can share it."
@@ -175,6 +176,23 @@ class KafkaConfig(Section):
     @classmethod
     def _mask_secrets(cls, client: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
         return {k: SecretStr(v) if isinstance(v, str) and is_secret_property(k) else v for k, v in client.items()}
+
+    @field_validator("client", mode="after")
+    @classmethod
+    def _eager_rebalances(cls, client: dict[str, str | SecretStr]) -> dict[str, str | SecretStr]:
+        # The learner group's reader takes each rebalance's whole assignment and hands partitions over at the revoke
+        # (docs/learner.md, "A record read before a rebalance is never used after it"); incremental assignment
+        # (cooperative-sticky, or KIP-848's broker-side protocol) would hand it only the changes.
+        strategy = client.get("partition.assignment.strategy", "")
+        if isinstance(strategy, str) and "cooperative" in strategy:
+            raise ValueError(
+                f"partition.assignment.strategy {strategy!r}: the learner group rebalances eagerly; use range or "
+                "roundrobin"
+            )
+        protocol = client.get("group.protocol", "classic")
+        if isinstance(protocol, str) and protocol != "classic":
+            raise ValueError(f"group.protocol {protocol!r}: the learner group uses the classic protocol")
+        return client
 
     def client_properties(self) -> dict[str, str]:
         """``client`` with the secrets revealed: only for handing to librdkafka, never for printing."""

@@ -54,6 +54,20 @@ BAD_INPUT = [
     pytest.param(["serve", "--model", "/nonexistent"], {}, "model.base", "no such folder", id="model-path"),
     pytest.param(["collect"], {"DISTRL_MODEL__BASE": "smollm2"}, "model.base", "smollm2-135m-instruct", id="model"),
     pytest.param(["serve", "--model", "Qwen/Qwen2.5-0.5B"], {}, "model.base", "hub id", id="model-hub-id"),
+    pytest.param(
+        ["learn"],
+        {"DISTRL_KAFKA__CLIENT": '{"partition.assignment.strategy": "cooperative-sticky"}'},
+        "kafka.client",
+        "partition.assignment.strategy 'cooperative-sticky'",
+        id="incremental-assignment",
+    ),
+    pytest.param(
+        ["learn"],
+        {"DISTRL_KAFKA__CLIENT": '{"group.protocol": "consumer"}'},
+        "kafka.client",
+        "group.protocol",
+        id="kip848",
+    ),
 ]
 
 
