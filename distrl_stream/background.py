@@ -28,10 +28,17 @@ class BackgroundFollower:
         self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Ask the thread to stop and wait for it (up to ``timeout_s``)."""
+        """Ask the thread to stop and wait for it (up to ``timeout_s``; past it the thread is left to end at its next
+        check of the stop flag, and the owner must keep it from doing harm meanwhile)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning(
+                    "%s still busy %.0f s after being asked to stop: left to end on its own",
+                    self.thread_name,
+                    timeout_s,
+                )
             self._thread = None
 
     def _run(self) -> None:

@@ -232,6 +232,9 @@ class AdapterLoader:
     # Verified copies whose load failed in a way that may pass; a timed-out load may still have reached vLLM, so the
     # copy is kept (and reused by the retry) rather than deleted under it.
     held: set[Path] = field(default_factory=set)
+    # Set by close(): a watcher thread still in a fetch when its server was restarted must load nothing into the
+    # new vLLM, which `serve` starts at the same URL with a watcher of its own.
+    closed: threading.Event = field(default_factory=threading.Event)
 
     @property
     def newest(self) -> int:
@@ -349,7 +352,13 @@ class AdapterLoader:
         except InferenceError as exc:
             log.debug("unloading %s: %s", name, exc)
 
+    def close(self) -> None:
+        """Send the server nothing more: it stopped, and a successor may already serve at its URL."""
+        self.closed.set()
+
     def _post(self, path: str, payload: dict[str, str]) -> None:
+        if self.closed.is_set():
+            raise InferenceUnavailableError(f"{path} on {self.server_url}: not sent, this loader was closed")
         try:
             response = httpx.post(
                 f"{self.server_url}{path}", json=payload, timeout=self.timeout_s, headers=auth_headers(self.api_key)
@@ -449,7 +458,8 @@ class WeightWatcher(BackgroundFollower):
         super().start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Stop following and serving the metrics."""
+        """Stop following and serving the metrics; a load the thread had not sent yet is never sent."""
+        self.loader.close()
         super().stop(timeout_s)
         self.prometheus.close()
 

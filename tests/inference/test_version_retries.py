@@ -24,6 +24,7 @@ from distrl_stream.errors import (
     InferenceUnavailableError,
 )
 from distrl_stream.events import DeadLetter, MetricEvent, WeightVersionEvent, decode
+from distrl_stream.inference import versions
 from distrl_stream.inference.versions import (
     RETRY_ATTEMPTS,
     AdapterLoader,
@@ -210,6 +211,15 @@ def test_a_failed_unload_of_the_retired_version_does_not_fail_the_new_ones_load(
     assert report is not None and report.retired == (1,)
     assert loader.loaded == [2] and loader.newest == 2
     assert not any(path.name.startswith("policy-v1") for path in (tmp_path / "staging").iterdir())  # copy removed
+
+
+def test_a_closed_loader_sends_the_server_nothing(lora_server: FakeLoraServer, adapter: Path, tmp_path: Path) -> None:
+    loader = AdapterLoader(lora_server.url, "policy", 2, tmp_path / "staging", timeout_s=10)
+    loader.load(_event(1, adapter))
+    loader.close()
+    with pytest.raises(InferenceUnavailableError, match="not sent, this loader was closed"):
+        loader.load(_event(2, adapter))
+    assert lora_server.calls == [("load_lora_adapter", "policy-v1")]
 
 
 def test_an_abandoned_version_is_unloaded_and_its_copy_outlives_the_grace_period_only(
@@ -448,3 +458,34 @@ def test_an_impossible_version_event_is_dead_lettered_with_its_reason_and_skippe
     letters = [decode(m.value(), DeadLetter) for m in records]
     why = "impossible value: weight version policy v1: sha256 'not-a-digest' is not 64 hex digits"
     assert [(letter.offset, letter.error_message) for letter in letters] == [(0, why)]
+
+
+@pytest.mark.kafka
+def test_a_watcher_stopped_in_the_middle_of_a_fetch_loads_nothing_when_the_fetch_ends(
+    watcher_cfg: Config,
+    start_watcher: Callable[[], WeightWatcher],
+    lora_server: FakeLoraServer,
+    adapter: Path,
+    base_model: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `serve` restarts a dead vLLM at the same URL with a new watcher: the old one's thread, still fetching past
+    # stop()'s join, must not load into it.
+    fetching, release = threading.Event(), threading.Event()
+
+    def slow_fetch(*args: object, **kwargs: object) -> None:
+        fetching.set()
+        release.wait(30)
+        real_fetch(*args, **kwargs)
+
+    real_fetch = versions.fetch
+    monkeypatch.setattr(versions, "fetch", slow_fetch)
+    watcher = start_watcher()
+    _announce(watcher_cfg, _event(1, adapter, fingerprint=model_fingerprint(base_model)))
+    _wait_for(fetching.is_set, "the watcher to fetch version 1")
+    (thread,) = [t for t in threading.enumerate() if t.name == WeightWatcher.thread_name]
+    watcher.stop(timeout_s=0.2)
+    assert thread.is_alive()  # past the join: still in the fetch
+    release.set()
+    thread.join(30)
+    assert not thread.is_alive() and lora_server.calls == []
