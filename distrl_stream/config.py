@@ -184,14 +184,17 @@ class KafkaConfig(Section):
         # (docs/learner.md, "A record read before a rebalance is never used after it"); incremental assignment
         # (cooperative-sticky, or KIP-848's broker-side protocol) would hand it only the changes.
         strategy = client.get("partition.assignment.strategy", "")
-        if isinstance(strategy, str) and "cooperative" in strategy:
+        if isinstance(strategy, str) and "cooperative" in strategy.lower():
             raise ValueError(
                 f"partition.assignment.strategy {strategy!r}: the learner group rebalances eagerly; use range or "
                 "roundrobin"
             )
         protocol = client.get("group.protocol", "classic")
-        if isinstance(protocol, str) and protocol != "classic":
-            raise ValueError(f"group.protocol {protocol!r}: the learner group uses the classic protocol")
+        # librdkafka reads this one without regard to case or surrounding spaces.
+        if isinstance(protocol, str) and protocol.strip().lower() != "classic":
+            raise ValueError(
+                f"group.protocol {protocol!r}: the learner group uses the classic protocol; set classic or leave it out"
+            )
         return client
 
     def client_properties(self) -> dict[str, str]:

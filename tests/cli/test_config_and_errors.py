@@ -63,7 +63,7 @@ BAD_INPUT = [
     ),
     pytest.param(
         ["learn"],
-        {"DISTRL_KAFKA__CLIENT": '{"group.protocol": "consumer"}'},
+        {"DISTRL_KAFKA__CLIENT": '{"group.protocol": "CONSUMER"}'},
         "kafka.client",
         "group.protocol",
         id="kip848",

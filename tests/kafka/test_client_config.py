@@ -52,6 +52,11 @@ def test_client_properties_come_from_the_environment_and_the_config_file(
     assert (conf["security.protocol"], conf["ssl.ca.location"]) == ("SSL", "/ca.pem")
 
 
+def test_eager_group_settings_pass_in_any_spelling_librdkafka_reads() -> None:
+    eager = {"group.protocol": " Classic", "partition.assignment.strategy": "range,roundrobin"}
+    assert Consumer(KafkaConfig(client=eager), group_id="g").config["group.protocol"] == " Classic"
+
+
 def test_user_properties_override_the_wrapper_defaults_and_call_overrides_win() -> None:
     kafka = KafkaConfig(client={"compression.type": "zstd", "enable.auto.commit": "true"})
     assert Producer(kafka).config["compression.type"] == "zstd"
