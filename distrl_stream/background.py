@@ -35,7 +35,7 @@ class BackgroundFollower:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.warning(
-                    "%s still busy %.0f s after being asked to stop: left to end on its own",
+                    "%s still busy %.1f s after being asked to stop: left to end on its own",
                     self.thread_name,
                     timeout_s,
                 )

@@ -259,6 +259,8 @@ class AdapterLoader:
             return None
         started = time.monotonic()
         name = served_name(self.policy_id, event.version)
+        if self.closed.is_set():  # neither staged (a successor may stage into the same folder) nor sent
+            raise InferenceUnavailableError(f"{name} on {self.server_url}: not loaded, this loader was closed")
         try:
             check_version_event(event)  # the watcher's reader dead-letters these first; direct callers meet them here
         except WeightEventError as exc:
@@ -514,6 +516,8 @@ class WeightWatcher(BackgroundFollower):
         newest = sorted(backlog)[-self.loader.keep_versions :]
         log.info("weights backlog: %d versions of %s; loading %s", len(backlog), self.loader.policy_id, newest)
         for version in newest:
+            if self._stop.is_set():
+                return
             self._offer(backlog[version])
             due = self.pending.due_event(time.monotonic())
             if due is not None:
@@ -536,6 +540,9 @@ class WeightWatcher(BackgroundFollower):
         try:
             report = self.loader.load(event)
         except (AdapterVerificationError, InferenceError) as exc:
+            if self.loader.closed.is_set():  # stopped: neither a retry nor a refusal, the version is a successor's
+                log.info("%s v%d not loaded: the watcher stopped (%s)", event.policy_id, event.version, exc)
+                return
             failure = classify(exc)
             if not failure.transient:
                 self.pending.done()

@@ -217,7 +217,7 @@ def test_a_closed_loader_sends_the_server_nothing(lora_server: FakeLoraServer, a
     loader = AdapterLoader(lora_server.url, "policy", 2, tmp_path / "staging", timeout_s=10)
     loader.load(_event(1, adapter))
     loader.close()
-    with pytest.raises(InferenceUnavailableError, match="not sent, this loader was closed"):
+    with pytest.raises(InferenceUnavailableError, match="not loaded, this loader was closed"):
         loader.load(_event(2, adapter))
     assert lora_server.calls == [("load_lora_adapter", "policy-v1")]
 
@@ -483,9 +483,12 @@ def test_a_watcher_stopped_in_the_middle_of_a_fetch_loads_nothing_when_the_fetch
     watcher = start_watcher()
     _announce(watcher_cfg, _event(1, adapter, fingerprint=model_fingerprint(base_model)))
     _wait_for(fetching.is_set, "the watcher to fetch version 1")
-    (thread,) = [t for t in threading.enumerate() if t.name == WeightWatcher.thread_name]
+    thread = watcher._thread
+    assert thread is not None
     watcher.stop(timeout_s=0.2)
     assert thread.is_alive()  # past the join: still in the fetch
     release.set()
     thread.join(30)
     assert not thread.is_alive() and lora_server.calls == []
+    # Neither retried nor refused: the version is the next watcher's to load.
+    assert watcher.retries_by_reason == {} and watcher.refused == []
