@@ -164,7 +164,11 @@ def load_policy(
             f"adapter {adapter}: peft_type {adapter_cfg.get('peft_type')!r} rank {rank}; the learner needs a LoRA "
             f"adapter of rank <= model.lora_rank ({model.lora_rank}), which the server accepts"
         )
-    return PeftModel.from_pretrained(base, adapter, is_trainable=True).to(device), tokenizer
+    policy = PeftModel.from_pretrained(base, adapter, is_trainable=True).to(device)
+    # Its versions name the base they are trained on, not the folder the adapter was first made on (a warm start
+    # from another run or machine names a path that may not exist here).
+    policy.peft_config["default"].base_model_name_or_path = str(model_dir)
+    return policy, tokenizer
 
 
 class FeatureCache:

@@ -237,6 +237,18 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_dir: Path, ep
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-7)
 
 
+def test_a_loaded_adapter_s_versions_name_the_base_they_are_trained_on(tiny_model_dir: Path, tmp_path: Path) -> None:
+    fresh, _ = load_policy(tiny_model_dir, ModelConfig())
+    fresh.save_pretrained(tmp_path / "warm")
+    config = json.loads((tmp_path / "warm" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = "/elsewhere/tiny"  # made on another run's copy of the model
+    (tmp_path / "warm" / "adapter_config.json").write_text(json.dumps(config))
+    policy, _ = load_policy(tiny_model_dir, ModelConfig(), tmp_path / "warm")
+    policy.save_pretrained(tmp_path / "v2")
+    saved = json.loads((tmp_path / "v2" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == str(tiny_model_dir)
+
+
 def test_gradient_checkpointing_with_dropout_is_refused(tiny_model_dir: Path) -> None:
     model, tokenizer = load_policy(tiny_model_dir, ModelConfig(lora_dropout=0.1))
     cfg = LearnerConfig(gradient_checkpointing=True)
