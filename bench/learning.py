@@ -261,9 +261,8 @@ class WarmStart(NamedTuple):
     """The adapter every method's learner starts from, published as version 1 of the run ``{prefix}-warm``."""
 
     adapter: Path
-    # How it was made, as --save-warm-start writes it beside the adapter (WARM_START_RECIPE): scripted_noise,
-    # scripted_episodes, bc_updates, scripted_policy_success, templates, base_weights_sha256 (the tiny model it was
-    # cloned on) and warm_start_weights_sha256 (the adapter's own).
+    # How it was made, as --save-warm-start writes it beside the adapter: WARM_START_RECIPE_KEYS, among them the
+    # sha256 of the tiny model it was cloned on (base_weights_sha256) and of the adapter's own weights.
     recipe: dict[str, Any]
 
 
@@ -272,6 +271,15 @@ class WarmStart(NamedTuple):
 # machines compare only from one saved warm start (--warm-start).
 WARM_START_FILES = ("adapter_model.safetensors", "adapter_config.json")
 WARM_START_RECIPE = "recipe.json"
+WARM_START_RECIPE_KEYS = (
+    "scripted_noise",
+    "scripted_episodes",
+    "bc_updates",
+    "scripted_policy_success",
+    "templates",
+    "base_weights_sha256",
+    "warm_start_weights_sha256",
+)
 
 
 def clone_warm_start(
@@ -312,28 +320,45 @@ def clone_warm_start(
     return WarmStart(adapter, recipe)
 
 
-def load_warm_start(base: dict[str, Any], saved: Path, base_weights: str) -> WarmStart:
-    """Publish the warm start saved in ``saved`` (--save-warm-start) as version 1 of ``{prefix}-warm``.
+def read_warm_start(saved: Path, templates: list[str]) -> dict[str, Any]:
+    """The recipe of the warm start saved in ``saved`` (--save-warm-start), checked before any service starts.
 
     Raises:
-        SystemExit: ``saved`` is no saved warm start, or was cloned on other templates or another tiny model.
+        SystemExit: ``saved`` holds no readable or complete recipe, its adapter is not the one the recipe names, or
+            it was cloned on other templates than ``templates``.
     """
     try:
         recipe = json.loads((saved / WARM_START_RECIPE).read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"--warm-start: no readable {WARM_START_RECIPE} in {saved} ({exc})") from None
-    if recipe["templates"] != base["env"]["templates"]:
+    if missing := [key for key in WARM_START_RECIPE_KEYS if key not in recipe]:
+        raise SystemExit(f"--warm-start: {saved / WARM_START_RECIPE} lacks {', '.join(missing)}")
+    if recipe["templates"] != templates:
         raise SystemExit(
             f"--warm-start: cloned on the templates {','.join(recipe['templates'])}; this run's are "
-            f"{','.join(base['env']['templates'])} (--templates)"
+            f"{','.join(templates)} (--templates)"
         )
+    try:
+        adapter_sha256 = weights_sha256(saved / "adapter_model.safetensors")
+    except OSError as exc:
+        raise SystemExit(f"--warm-start: {exc}") from None
+    if adapter_sha256 != recipe["warm_start_weights_sha256"]:
+        raise SystemExit(f"--warm-start: {saved}/adapter_model.safetensors is not the adapter its recipe names")
+    return recipe
+
+
+def load_warm_start(base: dict[str, Any], saved: Path, recipe: dict[str, Any], base_weights: str) -> WarmStart:
+    """Publish the warm start saved in ``saved`` (its ``recipe`` read by :func:`read_warm_start`) as version 1 of
+    ``{prefix}-warm``.
+
+    Raises:
+        SystemExit: it was cloned on another tiny model than the one built here (``base_weights``).
+    """
     if recipe["base_weights_sha256"] != base_weights:
         raise SystemExit(
             "--warm-start: cloned on a tiny model whose weights differ from the one built here "
             f"(sha256 {recipe['base_weights_sha256'][:12]}… against {base_weights[:12]}…)"
         )
-    if weights_sha256(saved / "adapter_model.safetensors") != recipe["warm_start_weights_sha256"]:
-        raise SystemExit(f"--warm-start: {saved}/adapter_model.safetensors is not the adapter its recipe names")
     learner = Learner(
         load_config(
             None, **{**base, "run": f"{base['run']}-warm", "learner": {**base["learner"], "init_adapter": str(saved)}}
@@ -1241,6 +1266,7 @@ def main() -> None:
     if args.env == "miniwob" and args.templates is not None:
         parser.error("--templates: sim templates, not for --env miniwob (its tasks are env.miniwob_tasks)")
     templates = [t for t in (args.templates or ",".join(TEMPLATES)).split(",") if t]
+    saved_recipe = read_warm_start(args.warm_start, templates) if args.warm_start else {}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
@@ -1292,7 +1318,7 @@ def main() -> None:
             if not args.model:  # a pretrained model (the paper's setting) fine-tunes its zero-shot policy itself
                 base_weights = weights_sha256(model_dir / "model.safetensors")
                 if args.warm_start is not None:
-                    warm_start = load_warm_start(base, args.warm_start, base_weights)
+                    warm_start = load_warm_start(base, args.warm_start, saved_recipe, base_weights)
                 else:
                     warm_start = clone_warm_start(
                         base,

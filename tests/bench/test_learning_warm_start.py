@@ -1,5 +1,5 @@
 """bench/learning.py's saved warm start: what --save-warm-start writes, what --warm-start refuses before it starts a
-learner, and the flags it cannot be given with (no services: a learner is never reached)."""
+service or a learner, and the flags it cannot be given with (no services: a learner is never reached)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def saved(tmp_path: Path) -> Path:
     return tmp_path / "saved"
 
 
-def base(templates: list[str] = TEMPLATES) -> dict[str, object]:
-    return {"run": "bench-learning-x", "env": {"templates": templates}, "learner": {}}
+def base() -> dict[str, object]:
+    return {"run": "bench-learning-x", "env": {"templates": TEMPLATES}, "learner": {}}
 
 
 def test_a_saved_warm_start_is_the_adapter_s_weights_config_and_recipe(tmp_path: Path) -> None:
@@ -49,26 +49,39 @@ def test_a_saved_warm_start_is_the_adapter_s_weights_config_and_recipe(tmp_path:
     assert recipe["warm_start_weights_sha256"] == learning.weights_sha256(folder / "adapter_model.safetensors")
 
 
+def test_a_saved_warm_start_s_recipe_is_read_back(tmp_path: Path) -> None:
+    recipe = learning.read_warm_start(saved(tmp_path), TEMPLATES)
+    assert (recipe["bc_updates"], recipe["base_weights_sha256"]) == (120, BASE_WEIGHTS)
+
+
 def test_a_warm_start_cloned_on_other_templates_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--warm-start: cloned on the templates take_photo,alarm_on.*\(--templates\)"):
-        learning.load_warm_start(base(["take_photo"]), saved(tmp_path), BASE_WEIGHTS)
+        learning.read_warm_start(saved(tmp_path), ["take_photo"])
 
 
 def test_a_warm_start_cloned_on_another_tiny_model_is_refused(tmp_path: Path) -> None:
+    folder = saved(tmp_path)
+    recipe = learning.read_warm_start(folder, TEMPLATES)
     with pytest.raises(SystemExit, match="tiny model whose weights differ from the one built here"):
-        learning.load_warm_start(base(), saved(tmp_path), "b" * 64)
+        learning.load_warm_start(base(), folder, recipe, "b" * 64)
 
 
 def test_an_adapter_that_is_not_the_recipe_s_is_refused(tmp_path: Path) -> None:
     folder = saved(tmp_path)
     (folder / "adapter_model.safetensors").write_bytes(b"other weights")
     with pytest.raises(SystemExit, match="is not the adapter its recipe names"):
-        learning.load_warm_start(base(), folder, BASE_WEIGHTS)
+        learning.read_warm_start(folder, TEMPLATES)
 
 
-def test_a_folder_without_a_recipe_is_refused(tmp_path: Path) -> None:
+def test_a_folder_without_a_recipe_or_with_an_incomplete_one_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"--warm-start: no readable recipe\.json"):
-        learning.load_warm_start(base(), tmp_path, BASE_WEIGHTS)
+        learning.read_warm_start(tmp_path, TEMPLATES)
+    folder = saved(tmp_path)
+    recipe = json.loads((folder / "recipe.json").read_text())
+    del recipe["base_weights_sha256"]
+    (folder / "recipe.json").write_text(json.dumps(recipe))
+    with pytest.raises(SystemExit, match=r"recipe\.json lacks base_weights_sha256"):
+        learning.read_warm_start(folder, TEMPLATES)
 
 
 @pytest.mark.parametrize(
@@ -87,3 +100,14 @@ def test_flags_a_warm_start_cannot_take_are_refused_by_name(
     with pytest.raises(SystemExit):
         learning.main()
     assert message in capsys.readouterr().err
+
+
+def test_a_warm_start_of_other_templates_is_refused_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = saved(tmp_path)
+    argv = ["learning.py", "--out", str(tmp_path / "run.json"), "--warm-start", str(folder), "--templates", "alarm_on"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit, match=r"\(--templates\)"):
+        learning.main()
+    assert not (tmp_path / "run.json").exists()
