@@ -81,7 +81,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import hashlib
 import itertools
 import json
 import logging
@@ -130,7 +129,7 @@ from distrl_stream.learner.role import Learner
 from distrl_stream.orchestrate import PRETRAINED_UP_PROFILE
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.model_dir import pulled_model_dir
-from distrl_stream.policy.pretrained import PRETRAINED, pull
+from distrl_stream.policy.pretrained import PRETRAINED, pull, sha256_file
 from distrl_stream.testing.scripted import ScriptedPolicy
 
 # Sync time-to-target ÷ A-RIDE async's: the paper claims about 3x training efficiency; the bar it is measured against
@@ -252,11 +251,6 @@ async def record_scripted(cfg: Config, tokenizer: Any, episodes: int, noise: flo
     return wins / episodes
 
 
-def weights_sha256(path: Path) -> str:
-    """The sha256 of a weights file: equal in two runs means the same weights."""
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 class WarmStart(NamedTuple):
     """The adapter every method's learner starts from, published as version 1 of the run ``{prefix}-warm``."""
 
@@ -315,7 +309,7 @@ def clone_warm_start(
         "templates": base["env"]["templates"],
         "base_weights_sha256": base_weights,
         # The adapter's weights alone (its folder also names this run's model path).
-        "warm_start_weights_sha256": weights_sha256(adapter / "adapter_model.safetensors"),
+        "warm_start_weights_sha256": sha256_file(adapter / "adapter_model.safetensors"),
     }
     return WarmStart(adapter, recipe)
 
@@ -339,7 +333,7 @@ def read_warm_start(saved: Path, templates: list[str]) -> dict[str, Any]:
             f"{','.join(templates)} (--templates)"
         )
     try:
-        adapter_sha256 = weights_sha256(saved / "adapter_model.safetensors")
+        adapter_sha256 = sha256_file(saved / "adapter_model.safetensors")
     except OSError as exc:
         raise SystemExit(f"--warm-start: {exc}") from None
     if adapter_sha256 != recipe["warm_start_weights_sha256"]:
@@ -1316,7 +1310,7 @@ def main() -> None:
             warm: EvalResult | None = None
             warm_source = None
             if not args.model:  # a pretrained model (the paper's setting) fine-tunes its zero-shot policy itself
-                base_weights = weights_sha256(model_dir / "model.safetensors")
+                base_weights = sha256_file(model_dir / "model.safetensors")
                 if args.warm_start is not None:
                     warm_start = load_warm_start(base, args.warm_start, saved_recipe, base_weights)
                 else:

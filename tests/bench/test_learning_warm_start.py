@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import learning
+from distrl_stream.policy.pretrained import sha256_file
 
 TEMPLATES = ["take_photo", "alarm_on"]
 BASE_WEIGHTS = "a" * 64
@@ -29,7 +30,7 @@ def saved(tmp_path: Path) -> Path:
         "scripted_policy_success": 0.8,
         "templates": TEMPLATES,
         "base_weights_sha256": BASE_WEIGHTS,
-        "warm_start_weights_sha256": learning.weights_sha256(adapter / "adapter_model.safetensors"),
+        "warm_start_weights_sha256": sha256_file(adapter / "adapter_model.safetensors"),
     }
     learning.save_warm_start(learning.WarmStart(adapter, recipe), tmp_path / "saved")
     return tmp_path / "saved"
@@ -46,7 +47,7 @@ def test_a_saved_warm_start_is_the_adapter_s_weights_config_and_recipe(tmp_path:
     assert (folder / "adapter_model.safetensors").read_bytes() == b"lora weights"
     recipe = json.loads((folder / "recipe.json").read_text())
     assert recipe["bc_updates"] == 120
-    assert recipe["warm_start_weights_sha256"] == learning.weights_sha256(folder / "adapter_model.safetensors")
+    assert recipe["warm_start_weights_sha256"] == sha256_file(folder / "adapter_model.safetensors")
 
 
 def test_a_saved_warm_start_s_recipe_is_read_back(tmp_path: Path) -> None:
