@@ -95,7 +95,8 @@ class Run:
             "DISTRL_LEARNER__MIN_BUFFER_EPISODES": "4",
             "DISTRL_LEARNER__UPDATES_PER_VERSION": "2",
             "DISTRL_LEARNER__PRIORITY_REFRESH_INTERVAL": "1000",
-            "DISTRL_LEARNER__CHECKPOINT_INTERVAL_UPDATES": "10",
+            # A checkpoint, and its commit, at every version: a cut always catches one.
+            "DISTRL_LEARNER__CHECKPOINT_INTERVAL_UPDATES": "2",
             "DISTRL_LEARNER__METRICS_INTERVAL_S": "1",
             "DISTRL_COLLECTOR__VERSION_REFRESH_S": "0.5",
             "DISTRL_COLLECTOR__SHUTDOWN_GRACE_S": "10",

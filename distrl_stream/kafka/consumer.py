@@ -45,6 +45,15 @@ def consumer_defaults(group_id: str, auto_offset_reset: str) -> dict[str, Any]:
     }
 
 
+def _log_failed_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    """librdkafka's ``on_commit``: the answer to an asynchronous commit, served inside a poll."""
+    reasons = [f"{tp.topic}[{tp.partition}]: {tp.error.str()}" for tp in partitions if tp.error is not None]
+    if err is not None and not reasons:
+        reasons = [err.str()]
+    if reasons:
+        log.warning("an asynchronous commit failed: %s", "; ".join(reasons))
+
+
 class Consumer:
     """A thin wrapper over ``confluent_kafka.Consumer``: manual commits of processed records, clean close.
 
@@ -80,7 +89,9 @@ class Consumer:
         self.group_id = group_id
         group = group_id or f"distrl-nogroup-{uuid.uuid4().hex[:12]}"
         self.config = client_config(
-            kafka, {**consumer_defaults(group, auto_offset_reset), "client.id": client_id}, overrides
+            kafka,
+            {**consumer_defaults(group, auto_offset_reset), "client.id": client_id, "on_commit": _log_failed_commit},
+            overrides,
         )
         self._login = login_watch(self.config)
         self._client: confluent_kafka.Consumer | None = None
@@ -192,21 +203,33 @@ class Consumer:
         """Fetch every assigned partition again after :meth:`pause`."""
         self.client.resume(self.client.assignment())
 
-    def commit_offsets(self, topic: str, offsets: Mapping[int, int], metadata: Mapping[int, str] | None = None) -> None:
-        """Synchronously commit partition -> next offset to read for ``topic``, whatever :meth:`processed` marked.
+    def commit_offsets(
+        self,
+        topic: str,
+        offsets: Mapping[int, int],
+        metadata: Mapping[int, str] | None = None,
+        *,
+        asynchronous: bool = False,
+    ) -> None:
+        """Commit partition -> next offset to read for ``topic``, whatever :meth:`processed` marked.
+
+        A synchronous commit waits for the group coordinator for as long as it takes: cut off from the cluster, that
+        is until the link comes back, and a thread that polls nothing meanwhile never learns that its partitions were
+        lost. ``asynchronous=True`` returns at once; a failure is logged when a later :meth:`poll` hears of it.
 
         Args:
             topic: the topic.
             offsets: partition -> next offset to read.
             metadata: partition -> the commit's metadata string (Kafka keeps it beside the offset).
+            asynchronous: send the commit and return without waiting for the coordinator's answer.
 
         Raises:
-            KafkaClientError: the group coordinator rejected the commit.
+            KafkaClientError: the group coordinator rejected the commit (or, asynchronous, it could not be sent).
         """
         meta = metadata or {}
         tps = [TopicPartition(topic, p, o, metadata=meta.get(p, "")) for p, o in sorted(offsets.items())]
         try:
-            self.client.commit(offsets=tps, asynchronous=False)
+            self.client.commit(offsets=tps, asynchronous=asynchronous)
         except KafkaException as exc:
             raise KafkaClientError(f"commit of {topic} {dict(offsets)} failed: {exc.args[0].str()}") from None
 

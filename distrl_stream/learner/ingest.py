@@ -345,9 +345,12 @@ class TrajectoryReader(BackgroundFollower):
             owned = {p: o for p, o in (offsets or {}).items() if p in self._assigned}
         if owned:
             try:
-                consumer.commit_offsets(self.topics.trajectories, owned, dict.fromkeys(owned, self.generation))
+                # Not waited for: checkpoint commits only show progress to lag tools (hand-over commits are the ones
+                # that matter), and a wait while cut off would keep this thread from polling the loss of its partitions.
+                consumer.commit_offsets(
+                    self.topics.trajectories, owned, dict.fromkeys(owned, self.generation), asynchronous=True
+                )
             except KafkaClientError as exc:
-                # Checkpoint commits only show progress to lag tools; hand-over commits are the ones that matter.
                 log.warning("learner %s: %s", self.member_id, exc)
 
     def _let_go(self, partitions: set[int]) -> tuple[dict[int, int], dict[int, str]]:
