@@ -273,7 +273,19 @@ WARM_START_RECIPE_KEYS = (
     "templates",
     "base_weights_sha256",
     "warm_start_weights_sha256",
+    "adapter_shape",
 )
+# What of adapter_config.json decides what the weights compute (the rest names paths, versions): the recipe pins it.
+ADAPTER_SHAPE_KEYS = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "use_dora")
+
+
+def adapter_shape(adapter: Path) -> dict[str, Any]:
+    """The :data:`ADAPTER_SHAPE_KEYS` of ``adapter``'s adapter_config.json (target modules sorted: peft saves a set)."""
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    shape = {key: config.get(key) for key in ADAPTER_SHAPE_KEYS}
+    if isinstance(shape["target_modules"], list):
+        shape["target_modules"] = sorted(shape["target_modules"])
+    return shape
 
 
 def clone_warm_start(
@@ -310,6 +322,7 @@ def clone_warm_start(
         "base_weights_sha256": base_weights,
         # The adapter's weights alone (its folder also names this run's model path).
         "warm_start_weights_sha256": sha256_file(adapter / "adapter_model.safetensors"),
+        "adapter_shape": adapter_shape(adapter),
     }
     return WarmStart(adapter, recipe)
 
@@ -318,8 +331,9 @@ def read_warm_start(saved: Path, templates: list[str]) -> dict[str, Any]:
     """The recipe of the warm start saved in ``saved`` (--save-warm-start), checked before any service starts.
 
     Raises:
-        SystemExit: ``saved`` holds no readable or complete recipe, its adapter is not the one the recipe names, or
-            it was cloned on other templates than ``templates``.
+        SystemExit: ``saved`` holds no readable or complete recipe, its adapter (weights, or the fields of its
+            configuration in :data:`ADAPTER_SHAPE_KEYS`) is not the one the recipe names, or it was cloned on other
+            templates than ``templates``.
     """
     try:
         recipe = json.loads((saved / WARM_START_RECIPE).read_text())
@@ -334,10 +348,19 @@ def read_warm_start(saved: Path, templates: list[str]) -> dict[str, Any]:
         )
     try:
         adapter_sha256 = sha256_file(saved / "adapter_model.safetensors")
-    except OSError as exc:
+        shape = adapter_shape(saved)
+    except (OSError, ValueError) as exc:
         raise SystemExit(f"--warm-start: {exc}") from None
     if adapter_sha256 != recipe["warm_start_weights_sha256"]:
         raise SystemExit(f"--warm-start: {saved}/adapter_model.safetensors is not the adapter its recipe names")
+    if changed := [
+        f"{k} {shape[k]} against {recipe['adapter_shape'].get(k)}"
+        for k in shape
+        if shape[k] != recipe["adapter_shape"].get(k)
+    ]:
+        raise SystemExit(
+            f"--warm-start: {saved}/adapter_config.json is not the one its recipe names ({'; '.join(changed)})"
+        )
     return recipe
 
 

@@ -21,7 +21,7 @@ def saved(tmp_path: Path) -> Path:
     adapter = tmp_path / "clone"
     adapter.mkdir()
     (adapter / "adapter_model.safetensors").write_bytes(b"lora weights")
-    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16, "target_modules": ["v", "q"]}))
     (adapter / "README.md").write_text("names this run's model path")
     recipe = {
         "scripted_noise": 0.3,
@@ -31,6 +31,7 @@ def saved(tmp_path: Path) -> Path:
         "templates": TEMPLATES,
         "base_weights_sha256": BASE_WEIGHTS,
         "warm_start_weights_sha256": sha256_file(adapter / "adapter_model.safetensors"),
+        "adapter_shape": learning.adapter_shape(adapter),
     }
     learning.save_warm_start(learning.WarmStart(adapter, recipe), tmp_path / "saved")
     return tmp_path / "saved"
@@ -71,6 +72,20 @@ def test_an_adapter_that_is_not_the_recipe_s_is_refused(tmp_path: Path) -> None:
     folder = saved(tmp_path)
     (folder / "adapter_model.safetensors").write_bytes(b"other weights")
     with pytest.raises(SystemExit, match="is not the adapter its recipe names"):
+        learning.read_warm_start(folder, TEMPLATES)
+
+
+def test_an_adapter_config_that_is_not_the_recipe_s_is_refused_by_field(tmp_path: Path) -> None:
+    folder = saved(tmp_path)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    # Another order of the same modules, a path elsewhere: the same adapter.
+    config.update(target_modules=["q", "v"], base_model_name_or_path="/elsewhere")
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    learning.read_warm_start(folder, TEMPLATES)
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 32}))
+    with pytest.raises(
+        SystemExit, match=r"adapter_config\.json is not the one its recipe names \(lora_alpha 32 against 16\)"
+    ):
         learning.read_warm_start(folder, TEMPLATES)
 
 
