@@ -67,8 +67,9 @@ slowest ÷ fastest task's scale (100 by default, as DistRL reports on Android; 1
 episode times, where a synchronous round no longer waits for a much slower environment).
 
 Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-tasks N] [--shared-cores] [--methods M,…]
-[--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--target S] [--latency-spread X] [--latency-sigma W]
-[--bc-updates N] [--warm-start DIR] [--save-warm-start DIR] [--model NAME [--env miniwob]] [--out FILE]`` writes
+[--learner FIELD=VALUE,…] [--variant NAME:FIELD=VALUE,…] [--templates T,…] [--seed N] [--target S]
+[--latency-spread X] [--latency-sigma W] [--bc-updates N] [--warm-start DIR] [--save-warm-start DIR]
+[--model NAME [--env miniwob]] [--out FILE]`` writes
 ``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE and the plot beside it). Seeds run one per
 invocation, each with its own file; ``python bench/learning.py --combine FILE… --out FILE [--target S]`` then gives
 each method's mean, spread and per-seed values, every seed's time to the target (recomputed from its curve, at
@@ -1111,12 +1112,10 @@ def success_rate(text: str) -> float:
     return value
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
-    """``NAME:FIELD=VALUE,…`` → (name, learner fields); values are JSON where they parse (numbers, null, true).
-    ``algorithm`` is a learner field too: ``algorithm=digirl`` makes a variant of DigiRL async."""
-    name, _, assignments = text.partition(":")
+def parse_learner_fields(text: str) -> dict[str, Any]:
+    """``FIELD=VALUE,…`` → learner fields; values are JSON where they parse (numbers, null, true)."""
     settings: dict[str, Any] = {}
-    for assignment in filter(None, assignments.split(",")):
+    for assignment in filter(None, text.split(",")):
         key, sep, raw = assignment.partition("=")
         if not sep or key not in LearnerConfig.model_fields:
             raise argparse.ArgumentTypeError(f"{assignment!r}: expected FIELD=VALUE with a [learner] field")
@@ -1124,8 +1123,18 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
             settings[key] = json.loads(raw)
         except json.JSONDecodeError:
             settings[key] = raw
-    if not name or not settings:
+    if not settings:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected FIELD=VALUE,…")
+    return settings
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME:FIELD=VALUE,…`` → (name, learner fields) (:func:`parse_learner_fields`). ``algorithm`` is a learner
+    field too: ``algorithm=digirl`` makes a variant of DigiRL async."""
+    name, _, assignments = text.partition(":")
+    if not name or not assignments:
         raise argparse.ArgumentTypeError(f"{text!r}: expected NAME:FIELD=VALUE,…")
+    settings = parse_learner_fields(assignments)
     if not re.fullmatch(r"[A-Za-z0-9_-]+", name):  # it ends the variant's run name, which topic names are made of
         raise argparse.ArgumentTypeError(f"{name!r}: a variant's NAME takes letters, digits, _ and - only")
     return name, settings
@@ -1190,6 +1199,14 @@ def main() -> None:
         "no warm start, `up`'s pretrained profile for the learner and the server (see PRETRAINED_LEARNER)",
     )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of " + ",".join(METHODS))
+    parser.add_argument(
+        "--learner",
+        type=parse_learner_fields,
+        default={},
+        metavar="FIELD=VALUE,…",
+        help="change these learner fields for every method, variants included (e.g. policy_lr=1e-4); the results "
+        "file records the learner settings",
+    )
     parser.add_argument(
         "--variant",
         action="append",
@@ -1267,7 +1284,7 @@ def main() -> None:
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
     eval_concurrency = MINIWOB_BROWSERS if args.env == "miniwob" else 16
-    learner_profile = PRETRAINED_LEARNER if args.model else LEARNER
+    learner_profile = {**(PRETRAINED_LEARNER if args.model else LEARNER), **args.learner}
     for name, settings in args.variant:
         if name in METHODS:  # a method's name is its run's name: two methods must never share one
             parser.error(f"--variant {name}: that name is already a method")
