@@ -14,7 +14,11 @@ one rule (docs/learner.md, "Kafka offsets and checkpoint offsets"): every start 
 current generation is where the previous owner handed the partition over in a rebalance (committed at its accepted
 position on revocation): continue exactly there. Any other committed offset is older than the model in memory and
 is ignored: read from the checkpoint's offset, and first re-read the range the checkpoint's replay shard held
-(``rebuild`` entries: they refill the buffer and are never ingested again nor dead-lettered twice).
+(``rebuild`` entries: they refill the buffer and are never ingested again nor dead-lettered twice). Commits after a
+checkpoint are not waited for (a member cut off from the cluster must keep polling to hear that its partitions were
+lost), so a retry of one could reach the group after a later hand-over: their metadata is the token and
+:data:`CHECKPOINT_MARK`, and a partition whose last commit of this generation is a checkpoint's fails the member (the
+group restarts from its checkpoint) instead of being read as a hand-over.
 
 Records that cannot be decoded, or decode into something that is not a usable episode for this learner
 (:func:`.records.episode_from_event` raises :class:`~distrl_stream.errors.TrajectoryError`: malformed, acted by
@@ -44,6 +48,9 @@ from distrl_stream.kafka.topics import TopicNames, ensure_run_topics
 from distrl_stream.learner.records import EpisodeRecord, episode_from_event
 
 log = logging.getLogger(__name__)
+
+# Appended to the generation token in the metadata of a checkpoint's commit (a hand-over's is the token alone).
+CHECKPOINT_MARK = "+checkpoint"
 
 # Episodes that ended without a verdict: the learner never trains on them (their last value is unknown).
 INCOMPLETE_TERMINATIONS = frozenset({Termination.ENV_ERROR, Termination.INFERENCE_ERROR, Termination.ABANDONED})
@@ -347,9 +354,8 @@ class TrajectoryReader(BackgroundFollower):
             try:
                 # Not waited for: checkpoint commits only show progress to lag tools (hand-over commits are the ones
                 # that matter), and a wait while cut off would keep this thread from polling the loss of its partitions.
-                consumer.commit_offsets(
-                    self.topics.trajectories, owned, dict.fromkeys(owned, self.generation), asynchronous=True
-                )
+                metadata = dict.fromkeys(owned, self.generation + CHECKPOINT_MARK)
+                consumer.commit_offsets(self.topics.trajectories, owned, metadata, asynchronous=True)
             except KafkaClientError as exc:
                 log.warning("learner %s: %s", self.member_id, exc)
 
@@ -402,6 +408,12 @@ class TrajectoryReader(BackgroundFollower):
                 self._assigned[p] = self._assignments
                 offset, metadata = self._resume.pop(p, None) or committed.get(p, (-1, ""))
                 token, _, until = metadata.partition("/")
+                if self.generation and token == self.generation + CHECKPOINT_MARK:
+                    raise LearnerError(
+                        f"learner {self.member_id}: partition {p}'s last commit of this generation is a checkpoint's, "
+                        "not the previous owner's hand-over (a retried checkpoint commit overtook it): the group "
+                        "restarts from its checkpoint"
+                    )
                 if self.generation and token == self.generation:
                     # Handed over within this generation: continue exactly where the last owner stopped.
                     tp.offset = self._positions[p] = offset

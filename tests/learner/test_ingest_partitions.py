@@ -12,7 +12,7 @@ from confluent_kafka import TopicPartition
 
 from distrl_stream.config import load_config
 from distrl_stream.errors import LearnerError
-from distrl_stream.learner.ingest import Entry, EntryKind, TrajectoryReader
+from distrl_stream.learner.ingest import CHECKPOINT_MARK, Entry, EntryKind, TrajectoryReader
 
 TOPIC = "run.trajectories"
 
@@ -23,6 +23,7 @@ class StandInConsumer:
     def __init__(self, committed: Mapping[int, tuple[int, str]] | None = None) -> None:
         self._committed = dict(committed or {})
         self.assigned: list[tuple[int, int]] = []
+        self.waited: list[bool] = []  # per commit: whether it waited for the coordinator's answer
 
     def committed(self, _topic: str, partitions: Iterable[int]) -> dict[int, tuple[int, str]]:
         return {p: self._committed[p] for p in partitions if p in self._committed}
@@ -33,8 +34,11 @@ class StandInConsumer:
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = sorted((tp.partition, tp.offset) for tp in partitions)
 
-    def commit_offsets(self, _topic: str, offsets: Mapping[int, int], metadata: Mapping[int, str]) -> None:
+    def commit_offsets(
+        self, _topic: str, offsets: Mapping[int, int], metadata: Mapping[int, str], *, asynchronous: bool = False
+    ) -> None:
         self._committed.update({p: (o, metadata[p]) for p, o in offsets.items()})
+        self.waited.append(not asynchronous)
 
 
 @dataclass(frozen=True)
@@ -110,6 +114,28 @@ def test_a_lost_partition_another_member_got_is_forgotten() -> None:
     assert reader.positions() == {0: 5}  # partition 1 is no longer this member's to checkpoint
     reader._on_assign(consumer, _tps(0, 1))  # type: ignore[arg-type]
     assert consumer.assigned == [(0, 5), (1, 3)]  # back from the checkpoint, not from the forgotten position
+
+
+def test_a_checkpoint_s_commit_is_not_waited_for_and_is_never_read_as_a_hand_over() -> None:
+    reader = _reader(solo=False, start={0: 5})
+    consumer = StandInConsumer()
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    _use(reader, 0, range(5, 9))
+    reader.commit(reader.positions())
+    reader._commit_pending(consumer)  # type: ignore[arg-type]
+    assert consumer.committed(TOPIC, [0]) == {0: (9, "g1+checkpoint")} and consumer.waited == [False]
+    reader._on_revoke(consumer, _tps(0))  # type: ignore[arg-type]
+    assert consumer.committed(TOPIC, [0]) == {0: (9, "g1")} and consumer.waited == [False, True]  # the hand-over
+    reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
+    assert consumer.assigned == [(0, 9)]
+
+    # A retried checkpoint commit that reached the group after the hand-over: the next owner cannot know where the
+    # last one stopped, and fails rather than guess.
+    _use(reader, 0, range(9, 11))
+    reader._on_revoke(consumer, _tps(0))  # type: ignore[arg-type]
+    consumer.commit_offsets(TOPIC, {0: 9}, {0: "g1" + CHECKPOINT_MARK}, asynchronous=True)
+    with pytest.raises(LearnerError, match=r"partition 0's last commit of this generation is a checkpoint's"):
+        reader._on_assign(consumer, _tps(0))  # type: ignore[arg-type]
 
 
 def test_a_group_member_that_lost_its_partitions_fails_for_a_restart_from_the_checkpoint() -> None:
