@@ -119,6 +119,7 @@ from distrl_stream.config import (
 )
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
+from distrl_stream.errors import ConfigError
 from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
 from distrl_stream.inference.server import InferenceServer, start_on_cores, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
@@ -193,6 +194,33 @@ WARM_RECIPE = {"noise": 0.3, "scripted_episodes": 300, "bc_updates": 600}
 # LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~36 s an
 # update), leaving A-RIDE, the only method that warms up, no policy step.
 PRETRAINED_LEARNER = {**LEARNER, **PRETRAINED_UP_PROFILE["learner"], "critic_warmup_updates": 2}
+# Learner fields another flag or the bench itself sets for each method: --learner would be overridden, yet recorded.
+SET_ELSEWHERE = {
+    "algorithm": "--methods, --variant",
+    "dtype": "--precision",
+    "seed": "--seed",
+    "init_adapter": "the warm start",
+    "round_episodes": "--envs (a sync round is one episode per env)",
+}
+
+
+def with_learner_changes(profile: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``profile`` with --learner's ``changes``, checked before anything starts (a method's own changes, an
+    ablation's, still win over them).
+
+    Raises:
+        SystemExit: a change is to a field set elsewhere (:data:`SET_ELSEWHERE`), or not a valid value.
+    """
+    if owned := [f"{key} is set by {SET_ELSEWHERE[key]}" for key in changes if key in SET_ELSEWHERE]:
+        raise SystemExit(f"--learner: {'; '.join(owned)}")
+    changed = {**profile, **changes}
+    try:
+        load_config(None, learner=changed)
+    except ConfigError as exc:
+        raise SystemExit(f"--learner: {exc}") from None
+    return changed
+
+
 # Each method: its update rule, its collection mode, and what it changes in LEARNER.
 METHODS: dict[str, dict[str, Any]] = {
     "aride_async": {"algorithm": "aride", "mode": "async"},
@@ -277,7 +305,22 @@ WARM_START_RECIPE_KEYS = (
     "adapter_shape",
 )
 # What of adapter_config.json decides what the weights compute (the rest names paths, versions): the recipe pins it.
-ADAPTER_SHAPE_KEYS = ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "use_dora")
+ADAPTER_SHAPE_KEYS = (
+    "peft_type",
+    "r",
+    "lora_alpha",
+    "lora_dropout",
+    "target_modules",
+    "rank_pattern",
+    "alpha_pattern",
+    "fan_in_fan_out",
+    "bias",
+    "lora_bias",
+    "use_rslora",
+    "use_dora",
+    "layer_replication",
+    "modules_to_save",
+)
 
 
 def adapter_shape(adapter: Path) -> dict[str, Any]:
@@ -1204,8 +1247,8 @@ def main() -> None:
         type=parse_learner_fields,
         default={},
         metavar="FIELD=VALUE,…",
-        help="change these learner fields for every method, variants included (e.g. policy_lr=1e-4); the results "
-        "file records the learner settings",
+        help="change these learner fields for every method, variants included, not the warm start's clone (e.g. "
+        "policy_lr=1e-4); a method's own changes (an ablation's) still win; the results file records them",
     )
     parser.add_argument(
         "--variant",
@@ -1284,7 +1327,8 @@ def main() -> None:
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
     eval_concurrency = MINIWOB_BROWSERS if args.env == "miniwob" else 16
-    learner_profile = {**(PRETRAINED_LEARNER if args.model else LEARNER), **args.learner}
+    default_learner = PRETRAINED_LEARNER if args.model else LEARNER
+    learner_profile = with_learner_changes(default_learner, args.learner)
     for name, settings in args.variant:
         if name in METHODS:  # a method's name is its run's name: two methods must never share one
             parser.error(f"--variant {name}: that name is already a method")
@@ -1355,7 +1399,8 @@ def main() -> None:
                     warm_start = load_warm_start(base, args.warm_start, saved_recipe, base_weights)
                 else:
                     warm_start = clone_warm_start(
-                        base,
+                        # The recipe's clone: --learner changes the methods' learners, not the warm start.
+                        {**base, "learner": {**default_learner, "dtype": args.precision}},
                         episodes=args.scripted_episodes,
                         noise=args.noise,
                         bc_updates=args.bc_updates,

@@ -4,6 +4,7 @@ refused by name (no services: parsing fails before any starts)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import pytest
@@ -42,3 +43,24 @@ def test_the_learner_flag_refuses_an_unknown_field_before_anything_starts(
     with pytest.raises(SystemExit):
         learning.main()
     assert "argument --learner: 'polcy_lr=1e-4': expected FIELD=VALUE with a [learner] field" in capsys.readouterr().err
+
+
+def test_learner_changes_apply_over_the_profile_and_leave_it_alone() -> None:
+    changed = learning.with_learner_changes(learning.LEARNER, {"policy_lr": 1e-4})
+    assert changed == {**learning.LEARNER, "policy_lr": 1e-4} and learning.LEARNER["policy_lr"] == 3e-4
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"seed": 3}, "--learner: seed is set by --seed"),
+        ({"algorithm": "digirl"}, "--learner: algorithm is set by --methods, --variant"),
+        ({"dtype": "bf16"}, "--learner: dtype is set by --precision"),
+        ({"policy_lr": -1}, "--learner: learner.policy_lr: Input should be greater than 0 (got -1)"),
+    ],
+)
+def test_learner_changes_to_a_field_set_elsewhere_or_to_a_bad_value_are_refused(
+    changes: dict[str, object], message: str
+) -> None:
+    with pytest.raises(SystemExit, match=re.escape(message)):
+        learning.with_learner_changes(learning.LEARNER, changes)
