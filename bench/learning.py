@@ -131,6 +131,7 @@ from distrl_stream.learner.role import Learner
 from distrl_stream.orchestrate import PRETRAINED_UP_PROFILE
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.model_dir import pulled_model_dir
+from distrl_stream.policy.precision import choose_precision, cpu_flags
 from distrl_stream.policy.pretrained import PRETRAINED, pull, sha256_file
 from distrl_stream.testing.scripted import ScriptedPolicy
 
@@ -810,7 +811,7 @@ def plot(
 # Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
 SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
 # What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
-SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner", "precision")
+SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "precision", "learner")
 SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
 RATIO_RULE = (
     "Per seed, digirl_sync's time to target ÷ the async method's (seconds from launch to the first evaluated version "
@@ -824,6 +825,26 @@ RATIO_RULE = (
     "a lower bound; combine again at another --target. Geometric mean over the seeds; 95% interval: Student's t "
     "interval on the log ratios (n − 1 degrees of freedom), exponentiated; none with one seed."
 )
+
+
+def resolved_precision(run: dict[str, Any]) -> str:
+    """The precision a file's run computed in: ``precision_resolved`` (what ``auto`` became on the machine that ran
+    it), else the setting; ``auto`` for a file written before the choice was recorded, which compares only with
+    files as unknown as itself."""
+    metrics = run["metrics"]
+    return metrics.get("precision_resolved", metrics.get("precision"))
+
+
+def shared_setting(run: dict[str, Any], setting: str) -> Any:
+    """A file's :data:`SHARED_SETTINGS` entry as seeds are compared on it: the precision (the learner's ``dtype``
+    too) as computed, not as asked, so that ``--precision float32`` and ``auto`` on a CPU without bf16 units match and
+    ``auto`` on two kinds of CPU does not."""
+    value = run["metrics"].get(setting, "sim" if setting == "env" else None)  # before --env: sim runs
+    if setting == "precision":
+        return resolved_precision(run)
+    if setting == "learner" and isinstance(value, dict) and "dtype" in value:
+        return {**value, "dtype": resolved_precision(run)}
+    return value
 
 
 def file_target(run: dict[str, Any]) -> float | None:
@@ -994,8 +1015,7 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
     if len({r["metrics"].get("base_weights_sha256") for r in runs} - {None}) > 1:
         raise SystemExit("--combine: the files' tiny models differ (base_weights_sha256)")
     for setting in SHARED_SETTINGS:
-        default = "sim" if setting == "env" else None  # files written before --env existed are sim runs
-        if len({json.dumps(r["metrics"].get(setting, default), sort_keys=True) for r in runs}) != 1:
+        if len({json.dumps(shared_setting(r, setting), sort_keys=True) for r in runs}) != 1:
             raise SystemExit(f"--combine: the files differ in {setting}")
     latencies = {json.dumps(latency_setting(r), sort_keys=True) for r in runs}
     if len(latencies) != 1:
@@ -1501,6 +1521,9 @@ def main() -> None:
             "eval_tasks": eval_tasks,
             "learner": learner_profile,
             "precision": args.precision,
+            # What the setting became on this machine's CPU, where the bench runs every role: `auto` is bf16 on one
+            # with bf16 units, float32 elsewhere, and seeds compare only in one precision.
+            "precision_resolved": choose_precision(args.precision, device_type="cpu", cpu_flags=cpu_flags()),
             "scripted_noise": recipe.get("scripted_noise"),
             "scripted_episodes": recipe.get("scripted_episodes"),
             "bc_updates": recipe.get("bc_updates"),

@@ -250,6 +250,40 @@ def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path
     assert learning.combine(files, tmp_path / "combined.json")["metrics"]["seeds"] == [0, 1, 2]
 
 
+def asking(path: Path, precision: str, resolved: str | None) -> None:
+    """Rewrite a seed file as run with ``--precision precision`` (the learner's dtype too), ``auto`` having become
+    ``resolved`` on its machine (None: a file written before that was recorded)."""
+    run = json.loads(path.read_text())
+    run["metrics"]["precision"] = precision
+    run["metrics"]["learner"] = run["metrics"]["learner"] | {"dtype": precision}
+    run["metrics"].pop("precision_resolved", None)
+    if resolved is not None:
+        run["metrics"]["precision_resolved"] = resolved
+    path.write_text(json.dumps(run))
+
+
+def test_combine_pools_auto_with_the_precision_it_became(tmp_path: Path) -> None:
+    files = seed_files(tmp_path)
+    for path in files[:2]:
+        asking(path, "auto", "float32")
+    asking(files[2], "float32", "float32")
+    assert learning.combine(files, tmp_path / "combined.json")["metrics"]["seeds"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("other", "resolved"), [("auto", "bfloat16"), ("auto", None), ("bfloat16", "bfloat16")], ids=str
+)
+def test_combine_refuses_auto_that_became_another_precision_or_is_unknown(
+    tmp_path: Path, other: str, resolved: str | None
+) -> None:
+    files = seed_files(tmp_path)
+    for path in files[:2]:
+        asking(path, "float32", "float32")
+    asking(files[2], other, resolved)
+    with pytest.raises(SystemExit, match="differ in precision"):
+        learning.combine(files, tmp_path / "combined.json")
+
+
 def test_combine_says_why_there_is_no_ratio_without_a_sync_arm(tmp_path: Path) -> None:
     files = [write_run(tmp_path / f"s{seed}.json", seed, {"aride_async": reaching(20.0)}) for seed in (0, 1)]
     result = learning.combine(files, tmp_path / "combined.json")
