@@ -811,7 +811,7 @@ def plot(
 # Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
 SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
 # What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
-SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "precision", "learner")
+SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner", "precision")
 SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
 RATIO_RULE = (
     "Per seed, digirl_sync's time to target ÷ the async method's (seconds from launch to the first evaluated version "
@@ -836,15 +836,12 @@ def resolved_precision(run: dict[str, Any]) -> str:
 
 
 def shared_setting(run: dict[str, Any], setting: str) -> Any:
-    """A file's :data:`SHARED_SETTINGS` entry as seeds are compared on it: the precision (the learner's ``dtype``
-    too) as computed, not as asked, so that ``--precision float32`` and ``auto`` on a CPU without bf16 units match and
-    ``auto`` on two kinds of CPU does not."""
-    value = run["metrics"].get(setting, "sim" if setting == "env" else None)  # before --env: sim runs
+    """A file's :data:`SHARED_SETTINGS` entry as seeds are compared on it: the precision as computed, not as asked, so
+    that ``--precision float32`` and ``auto`` on a CPU without bf16 units match and ``auto`` on two kinds of CPU does
+    not (the recorded learner profile never holds ``dtype``: ``--precision`` sets it)."""
     if setting == "precision":
         return resolved_precision(run)
-    if setting == "learner" and isinstance(value, dict) and "dtype" in value:
-        return {**value, "dtype": resolved_precision(run)}
-    return value
+    return run["metrics"].get(setting, "sim" if setting == "env" else None)  # before --env: sim runs
 
 
 def file_target(run: dict[str, Any]) -> float | None:

@@ -251,11 +251,10 @@ def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path
 
 
 def asking(path: Path, precision: str, resolved: str | None) -> None:
-    """Rewrite a seed file as run with ``--precision precision`` (the learner's dtype too), ``auto`` having become
-    ``resolved`` on its machine (None: a file written before that was recorded)."""
+    """Rewrite a seed file as run with ``--precision precision``, ``auto`` having become ``resolved`` on its machine
+    (None: a file written before that was recorded)."""
     run = json.loads(path.read_text())
     run["metrics"]["precision"] = precision
-    run["metrics"]["learner"] = run["metrics"]["learner"] | {"dtype": precision}
     run["metrics"].pop("precision_resolved", None)
     if resolved is not None:
         run["metrics"]["precision_resolved"] = resolved
