@@ -91,8 +91,8 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     "learner": {
         "batch_episodes": 2,
         "min_buffer_episodes": 4,
-        # The batch in one forward pass (no second one), layers checkpointed: in bf16 with the shared prefix 33.7 s
-        # an update at a peak RSS of 2.7 GB, where 2-step micro-batches redo each forward and no checkpointing needs
+        # The batch in one forward pass (no second one), layers checkpointed: in bf16 with the shared prefix 19.9 s
+        # an update at a peak RSS of 2.6 GB, where 2-step micro-batches redo each forward and no checkpointing needs
         # ~8.6 GB (docs/learner.md, "Precision").
         "gradient_checkpointing": True,
         # Re-scoring priorities is a forward pass per episode (a buffer of ~100k tokens after a few minutes is
