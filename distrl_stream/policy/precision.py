@@ -3,7 +3,7 @@
 bf16 is how the policy is served and trained wherever the hardware computes it natively: on CUDA, and on CPUs with
 AVX-512 BF16 or AMX (``avx512_bf16`` / ``amx_bf16`` in ``/proc/cpuinfo``): on these machines' AVX-512 BF16 a bare
 forward and backward of SmolLM2-135M runs 2.1× faster under bf16 autocast than in float32, an A-RIDE update 1.8×
-(2.7× with the shared prompt prefix computed once; docs/design.md §8, ``bench/results/precision.json``). Elsewhere
+(2.6× with the shared prompt prefix computed once; docs/design.md §8, ``bench/results/precision.json``). Elsewhere
 bf16 is emulated and slower than float32, so ``auto`` takes float32 there. :func:`choose_precision` is the rule,
 free of the machine's state so that it is checked without a GPU; :func:`resolve_precision` applies it to this
 machine.
