@@ -131,7 +131,7 @@ from distrl_stream.learner.role import Learner
 from distrl_stream.orchestrate import PRETRAINED_UP_PROFILE
 from distrl_stream.policy.model import build_model
 from distrl_stream.policy.model_dir import pulled_model_dir
-from distrl_stream.policy.precision import choose_precision, cpu_flags
+from distrl_stream.policy.precision import resolve_precision
 from distrl_stream.policy.pretrained import PRETRAINED, pull, sha256_file
 from distrl_stream.testing.scripted import ScriptedPolicy
 
@@ -1522,7 +1522,7 @@ def main() -> None:
             "precision": args.precision,
             # What the setting became on this machine's CPU, where the bench runs every role: `auto` is bf16 on one
             # with bf16 units, float32 elsewhere, and seeds compare only in one precision.
-            "precision_resolved": choose_precision(args.precision, device_type="cpu", cpu_flags=cpu_flags()),
+            "precision_resolved": resolve_precision(args.precision, "cpu", role="bench"),
             "scripted_noise": recipe.get("scripted_noise"),
             "scripted_episodes": recipe.get("scripted_episodes"),
             "bc_updates": recipe.get("bc_updates"),
