@@ -52,12 +52,14 @@ settings. Time of a version = when the learner published it, from the moment the
 
 A pretrained model (``--model smollm2-135m-instruct``, the paper's setting: RL fine-tuning of a pretrained agent): the
 model is pulled into the repository's data dir (``distrl-stream model pull``) and served as ``up``'s pretrained profile
-serves it (float32, ``max_model_len`` 2048); prompts are its chat template's; there is no warm start: every method
-starts from the zero-shot policy (version 0, the base model, which each curve holds from 0 s until the method's first
-version is published); the learners run the pretrained profile (``PRETRAINED_LEARNER``); K defaults to 4 and, as on
-the tiny model, collection is not rate-limited. Best and final success are over a method's own versions. The success
-target is one every compared method reaches (zero-shot plus half the gap to the lowest best success among them,
-``time_to_target_s``; null when one never rose above zero-shot).
+serves it (in the precision ``--precision`` gives, ``max_model_len`` 2048); prompts are its chat template's; there is no
+warm start: every method starts from the zero-shot policy (version 0, the base model, which each curve holds from 0 s
+until the method's first version is published); the learners run the pretrained profile (``PRETRAINED_LEARNER``); K
+defaults to 4 and, as on the tiny model, collection is not rate-limited. Best and final success are over a method's own
+versions. The success target is one every compared method reaches (zero-shot plus half the gap to the lowest best
+success among them, ``time_to_target_s``; null when one never rose above zero-shot). Beside the result file, each
+method's evaluations as ``distrl-stream eval`` reports them (``<stem>_eval_<method>.json`` and ``.md``: zero-shot first,
+then its versions; counts per template and per task).
 With ``--env miniwob`` (``--model`` only) the same methods fine-tune it on the MiniWoB++ subset (``env.miniwob_tasks``,
 real headless chromium, ``MINIWOB_BROWSERS`` per evaluation) instead of the simulator.
 
@@ -108,6 +110,7 @@ from distrl_stream.cli.bench import results_file
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
 from distrl_stream.collector.evaluation import EvalResult, evaluate_versions, held_out_tasks
+from distrl_stream.collector.heldout import EvalPlan, report, write_report
 from distrl_stream.config import (
     Config,
     EnvConfig,
@@ -670,13 +673,15 @@ async def evaluate_curve(
     picked: list[WeightVersionEvent],
     tasks: list[Any],
     concurrency: int = 16,
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], list[EvalResult]]:
     """Held-out success of each picked version, in ascending order, on the evaluation server (``concurrency``
-    environments at a time)."""
+    environments at a time): the curve's points and each version's whole result (:func:`write_eval_reports`)."""
     curve: list[dict[str, Any]] = []
+    results: list[EvalResult] = []
 
     def add_point(result: EvalResult) -> None:
         event = picked[len(curve)]
+        results.append(result)
         curve.append(
             {
                 "version": event.version,
@@ -695,7 +700,30 @@ async def evaluate_curve(
         await evaluate_versions(
             cfg, server_url, picked, tasks, staging_dir=staging, concurrency=concurrency, on_result=add_point
         )
-    return curve
+    return curve, results
+
+
+def write_eval_reports(
+    cfg: Config,
+    out: Path,
+    model: str,
+    untrained: EvalResult,
+    results: dict[str, list[EvalResult]],
+    plan: EvalPlan,
+    server_url: str,
+) -> list[Path]:
+    """``distrl-stream eval``'s report of each method's evaluations, zero-shot (version 0) first: JSON and Markdown
+    beside ``out`` (``<stem>_eval_<method>.json``/``.md``), with the per-template and per-task counts, errors and
+    episode lengths behind the result file's numbers; the model by its name (``model``), not this machine's path to
+    it. Returns the JSON files."""
+    written = []
+    for method, method_results in results.items():
+        data = report(cfg, plan, [untrained, *method_results], server_url) | {
+            "run": f"{cfg.run}-{method}",
+            "model": model,
+        }
+        written.append(write_report(data, out.with_name(f"{out.stem}_eval_{method}.json"))[0])
+    return written
 
 
 def sync_speedup(times: dict[str, float | None], target: float | None) -> tuple[float | None, str | None]:
@@ -1447,7 +1475,7 @@ def main() -> None:
             # version is, on the evaluation server: on MiniWoB++ an episode's time limit makes outcomes depend on speed.
             (untrained,) = asyncio.run(evaluate_versions(cfg, server_url, [0], tasks, concurrency=eval_concurrency))
             log.info("untrained (zero-shot) %.2f", untrained.success_rate)
-            curves = {
+            evaluated = {
                 m: asyncio.run(
                     evaluate_curve(
                         cfg,
@@ -1461,8 +1489,14 @@ def main() -> None:
                 )
                 for m, r in runs.items()
             }
+            curves = {m: curve for m, (curve, _) in evaluated.items()}
     trained = curves  # each method's own versions (best and final are over these)
     if args.model:
+        # The paper's setting: every number of a fine-tuned model comes with its evaluation's report.
+        plan = EvalPlan(split="test", tasks=eval_tasks, concurrency=eval_concurrency)
+        results = {m: rs for m, (_, rs) in evaluated.items()}
+        for path in write_eval_reports(cfg, args.out, args.model, untrained, results, plan, server_url):
+            log.info("evaluation report %s (and .md)", path)
         curves = {m: with_zero_shot(c, untrained) for m, c in curves.items()}
         target = reachable_target(trained, untrained.success_rate)
         target_note = f"zero-shot + {TARGET_GAP_SHARE} × (lowest best − zero-shot)"
