@@ -138,7 +138,7 @@ def main() -> None:
             random_play = asyncio.run(evaluate_policy(cfg, tasks, random_policy, concurrency=args.eval_browsers))
             log.info("untrained %.2f, random %.2f", untrained.success_rate, random_play.success_rate)
             picked = pick_versions(run, args.budget, args.points)
-            curve = asyncio.run(
+            curve, _ = asyncio.run(
                 evaluate_curve(cfg, server_url, root / "staging", run, picked, tasks, concurrency=args.eval_browsers)
             )
 
