@@ -109,7 +109,7 @@ from distrl_stream.artifacts import adapter_dir
 from distrl_stream.cli.bench import results_file
 from distrl_stream.cli.common import progress_bar
 from distrl_stream.collector import run_episode
-from distrl_stream.collector.evaluation import EvalResult, evaluate_versions, held_out_tasks
+from distrl_stream.collector.evaluation import EvalResult, evaluate_versions
 from distrl_stream.collector.heldout import EvalPlan, report, write_report
 from distrl_stream.config import (
     Config,
@@ -1373,7 +1373,8 @@ def main() -> None:
     budget = args.budget or (90.0 if args.quick else 300.0)
     eval_tasks = args.eval_tasks or (40 if args.quick else 80)
     envs = args.envs or (4 if args.model else 16)  # SmolLM2 serves ~2 actions/s: 16 envs would mostly wait
-    eval_concurrency = MINIWOB_BROWSERS if args.env == "miniwob" else 16
+    # What every evaluation runs (the held-out tasks, one episode each), as the reports of a fine-tuned model say.
+    plan = EvalPlan(split="test", tasks=eval_tasks, concurrency=MINIWOB_BROWSERS if args.env == "miniwob" else 16)
     default_learner = PRETRAINED_LEARNER if args.model else LEARNER
     learner_profile = with_learner_changes(default_learner, args.learner)
     for name, settings in args.variant:
@@ -1433,7 +1434,7 @@ def main() -> None:
             }
             # Evaluation's settings: the same run and envs without the sim's step latency (see the module docstring).
             cfg = load_config(None, **{**base, "env": {**base["env"], "latency": "none"}})
-            tasks = held_out_tasks(cfg, eval_tasks)
+            tasks = plan.task_list(cfg)
             if args.env == "miniwob":
                 templates = cfg.env.miniwob_tasks  # what the results call the tasks evaluated
 
@@ -1473,7 +1474,7 @@ def main() -> None:
             evaluation_cores = serve_evaluations_on_every_core(services, learner_cores, serving_cores)
             # Version 0 (the base model, served again once the methods' adapters are unloaded) is evaluated as every
             # version is, on the evaluation server: on MiniWoB++ an episode's time limit makes outcomes depend on speed.
-            (untrained,) = asyncio.run(evaluate_versions(cfg, server_url, [0], tasks, concurrency=eval_concurrency))
+            (untrained,) = asyncio.run(evaluate_versions(cfg, server_url, [0], tasks, concurrency=plan.concurrency))
             log.info("untrained (zero-shot) %.2f", untrained.success_rate)
             evaluated = {
                 m: asyncio.run(
@@ -1484,7 +1485,7 @@ def main() -> None:
                         r,
                         pick_versions(r, budget, args.points),
                         tasks,
-                        concurrency=eval_concurrency,
+                        concurrency=plan.concurrency,
                     )
                 )
                 for m, r in runs.items()
@@ -1493,7 +1494,6 @@ def main() -> None:
     trained = curves  # each method's own versions (best and final are over these)
     if args.model:
         # The paper's setting: every number of a fine-tuned model comes with its evaluation's report.
-        plan = EvalPlan(split="test", tasks=eval_tasks, concurrency=eval_concurrency)
         results = {m: rs for m, (_, rs) in evaluated.items()}
         for path in write_eval_reports(cfg, args.out, args.model, untrained, results, plan, server_url):
             log.info("evaluation report %s (and .md)", path)
