@@ -706,7 +706,6 @@ async def evaluate_curve(
 def write_eval_reports(
     cfg: Config,
     out: Path,
-    model: str,
     untrained: EvalResult,
     results: dict[str, list[EvalResult]],
     plan: EvalPlan,
@@ -714,14 +713,10 @@ def write_eval_reports(
 ) -> list[Path]:
     """``distrl-stream eval``'s report of each method's evaluations, zero-shot (version 0) first: JSON and Markdown
     beside ``out`` (``<stem>_eval_<method>.json``/``.md``), with the per-template and per-task counts, errors and
-    episode lengths behind the result file's numbers; the model by its name (``model``), not this machine's path to
-    it. Returns the JSON files."""
+    episode lengths behind the result file's numbers. Returns the JSON files."""
     written = []
     for method, method_results in results.items():
-        data = report(cfg, plan, [untrained, *method_results], server_url) | {
-            "run": f"{cfg.run}-{method}",
-            "model": model,
-        }
+        data = report(cfg, plan, [untrained, *method_results], server_url) | {"run": f"{cfg.run}-{method}"}
         written.append(write_report(data, out.with_name(f"{out.stem}_eval_{method}.json"))[0])
     return written
 
@@ -1495,7 +1490,7 @@ def main() -> None:
     if args.model:
         # The paper's setting: every number of a fine-tuned model comes with its evaluation's report.
         results = {m: rs for m, (_, rs) in evaluated.items()}
-        for path in write_eval_reports(cfg, args.out, args.model, untrained, results, plan, server_url):
+        for path in write_eval_reports(cfg, args.out, untrained, results, plan, server_url):
             log.info("evaluation report %s (and .md)", path)
         curves = {m: with_zero_shot(c, untrained) for m, c in curves.items()}
         target = reachable_target(trained, untrained.success_rate)

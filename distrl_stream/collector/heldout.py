@@ -28,6 +28,7 @@ from distrl_stream.events import MetricEvent, utc_now
 from distrl_stream.kafka.admin import Admin
 from distrl_stream.kafka.producer import Producer
 from distrl_stream.kafka.topics import TopicNames
+from distrl_stream.policy.pretrained import provenance
 
 INTERVAL = "Wilson score interval, 95%"
 
@@ -183,6 +184,16 @@ def metric_event(cfg: Config, plan: EvalPlan, result: EvalResult, source_id: str
     return MetricEvent(run=cfg.run, role="eval", source_id=source_id, timestamp=utc_now(), values=values, labels=labels)
 
 
+def model_name(cfg: Config) -> str:
+    """The model as a report names it: a pulled pretrained model by its registry name (from the provenance its pull
+    wrote), so reports from different machines agree; any other folder by its path; the local model by its size."""
+    if cfg.model.base is None:
+        return cfg.model.size
+    pulled = provenance(cfg.model.base)
+    name = pulled.get("name") if pulled is not None else None
+    return name if isinstance(name, str) else str(cfg.model.base)
+
+
 def report(cfg: Config, plan: EvalPlan, results: Sequence[EvalResult], server_url: str) -> dict[str, Any]:
     """The JSON report of an evaluation: what ran, and per version the counts, the rate and its interval."""
     return {
@@ -192,7 +203,7 @@ def report(cfg: Config, plan: EvalPlan, results: Sequence[EvalResult], server_ur
         "split": plan.split,
         "tasks": plan.tasks,
         "episodes_per_task": plan.episodes_per_task,
-        "model": str(cfg.model.base or cfg.model.size),
+        "model": model_name(cfg),
         "policy_id": cfg.model.policy_id,
         "server_url": server_url,
         "interval": INTERVAL,

@@ -10,6 +10,7 @@ from bench import learning
 from distrl_stream.collector.evaluation import EvalResult
 from distrl_stream.collector.heldout import EvalPlan
 from distrl_stream.config import load_config
+from distrl_stream.policy.pretrained import PROVENANCE_FILE
 
 
 def result(version: int, successes: int, *, by_task: dict[str, tuple[int, int]]) -> EvalResult:
@@ -25,7 +26,10 @@ def result(version: int, successes: int, *, by_task: dict[str, tuple[int, int]])
 
 
 def test_each_method_gets_its_report_with_zero_shot_first(tmp_path: Path) -> None:
-    cfg = load_config(None, run="bench-run")
+    pulled = tmp_path / "models" / "smollm2-135m-instruct"
+    pulled.mkdir(parents=True)
+    (pulled / PROVENANCE_FILE).write_text(json.dumps({"name": "smollm2-135m-instruct"}))
+    cfg = load_config(None, run="bench-run", model={"base": str(pulled)})
     zero_shot = result(0, 1, by_task={"click-test/0": (1, 2), "click-test/1": (0, 2)})
     results = {
         "aride_async": [result(3, 2, by_task={"click-test/0": (2, 2)}), result(7, 4, by_task={"click-test/0": (2, 2)})],
@@ -33,9 +37,7 @@ def test_each_method_gets_its_report_with_zero_shot_first(tmp_path: Path) -> Non
     }
     out = tmp_path / "learning_seed0.json"
 
-    written = learning.write_eval_reports(
-        cfg, out, "smollm2-135m-instruct", zero_shot, results, EvalPlan(tasks=4), "http://127.0.0.1:1"
-    )
+    written = learning.write_eval_reports(cfg, out, zero_shot, results, EvalPlan(tasks=4), "http://127.0.0.1:1")
 
     assert [p.name for p in written] == ["learning_seed0_eval_aride_async.json", "learning_seed0_eval_digirl_sync.json"]
     aride = json.loads(written[0].read_text())

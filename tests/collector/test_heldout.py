@@ -1,12 +1,16 @@
-"""The eval command's library: which versions a --versions text names, and the episodes of a plan."""
+"""The eval command's library: which versions a --versions text names, the episodes of a plan, the model's name."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from distrl_stream.collector.heldout import EvalPlan, parse_versions
+from distrl_stream.collector.heldout import EvalPlan, model_name, parse_versions
 from distrl_stream.config import load_config
 from distrl_stream.errors import ConfigError
+from distrl_stream.policy.pretrained import PROVENANCE_FILE
 
 
 @pytest.mark.parametrize(
@@ -53,3 +57,13 @@ def test_a_plan_runs_each_of_the_splits_first_tasks_its_episodes_in_a_row() -> N
     assert len(episodes) == 6 and ids[0::2] == ids[1::2] and len(set(ids)) == 3
     assert {task.split for task in episodes} == {"train"}
     assert plan.task_list(cfg) == episodes  # the same tasks every time
+
+
+def test_a_report_names_a_pulled_model_by_its_registry_name_and_any_other_by_its_folder(tmp_path: Path) -> None:
+    pulled, own = tmp_path / "models" / "smollm2-135m-instruct", tmp_path / "my-model"
+    pulled.mkdir(parents=True)
+    own.mkdir()
+    (pulled / PROVENANCE_FILE).write_text(json.dumps({"name": "smollm2-135m-instruct", "sha256": "0" * 64}))
+    assert model_name(load_config(None, model={"base": str(pulled)})) == "smollm2-135m-instruct"
+    assert model_name(load_config(None, model={"base": str(own)})) == str(own)
+    assert model_name(load_config(None, model={"size": "tiny"})) == "tiny"
