@@ -73,7 +73,8 @@ Usage: ``python bench/learning.py [--quick] [--budget S] [--envs K] [--eval-task
 [--latency-spread X] [--latency-sigma W] [--bc-updates N] [--warm-start DIR] [--save-warm-start DIR]
 [--model NAME [--env miniwob]] [--out FILE]`` writes
 ``bench/results/learning.json`` and ``bench/results/learning.png`` (or FILE and the plot beside it). Seeds run one per
-invocation, each with its own file; ``python bench/learning.py --combine FILE… --out FILE [--target S]`` then gives
+invocation, each with its own file (a seed's methods may be split over several invocations, the same seed and
+settings each); ``python bench/learning.py --combine FILE… --out FILE [--target S]`` then gives
 each method's mean, spread and per-seed values, every seed's time to the target (recomputed from its curve, at
 ``--target`` when given), the sync speed-up over the seeds (geometric mean, 95% interval, censored seeds counted:
 ``RATIO_RULE``), and a plot of the mean curves with their spread.
@@ -834,6 +835,8 @@ def plot(
 # Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
 SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
 # What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
+# What a result file holds one of per method: a seed's files are united on these (merge_seeds).
+PER_METHOD_METRICS = (*SEED_METRICS, "curves", "method_settings", "learner_stats", "time_to_target_s", "reached_target")
 SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner", "precision")
 SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
 RATIO_RULE = (
@@ -1018,17 +1021,41 @@ def spread(values: list[float | None]) -> dict[str, Any]:
     }
 
 
+def merge_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run a seed, in the order of their first files: a seed's files (one invocation a method, or a later one adding
+    baselines at the same settings) united on :data:`PER_METHOD_METRICS`, each method from the one file that ran it;
+    the rest is the seed's first file's, but ``untrained_success``, the mean of the files' evaluations of the same
+    starting policy on the seed's held-out tasks (each is listed in ``untrained_success_per_file``)."""
+    by_seed: dict[int, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_seed.setdefault(run["metrics"].get("seed", 0), []).append(run)
+    merged = []
+    for seed, files in by_seed.items():
+        methods = [m for run in files for m in run["metrics"]["curves"]]
+        if repeated := sorted({m for m in methods if methods.count(m) > 1}):
+            raise SystemExit(f"--combine: seed {seed}'s files repeat a method ({', '.join(repeated)})")
+        if len(files) == 1:
+            merged.append(files[0])
+            continue
+        metrics = dict(files[0]["metrics"])
+        for key in PER_METHOD_METRICS:
+            if all(key in run["metrics"] for run in files):
+                metrics[key] = {m: v for run in files for m, v in run["metrics"][key].items()}
+        starts = [run["metrics"]["untrained_success"] for run in files]
+        metrics["untrained_success"] = statistics.fmean(starts)
+        metrics["untrained_success_per_file"] = starts
+        merged.append(files[0] | {"quick": any(run["quick"] for run in files), "metrics": metrics})
+    return merged
+
+
 def combine(files: list[Path], out: Path, target: float | None = None) -> dict[str, Any]:
-    """Combine one result file per seed (same methods, settings, latency model and warm start) into ``out``: per method
+    """Combine result files (same settings, latency model and warm start; a seed's methods in one file or several,
+    :func:`merge_seeds`; the methods every seed ran are compared) into ``out``: per method
     and metric the mean, the sample standard deviation and each seed's value; each seed's time to ``target`` (None:
     the files' own target, which they must share), recomputed from its curve; every async method's sync speed-up
     over the seeds (:data:`RATIO_RULE`), A-RIDE's being the headline ``ratio``; and the plot of
     :func:`plot_combined`."""
     runs = [json.loads(f.read_text()) for f in files]
-    methods = [m for m in runs[0]["metrics"]["auc"] if all(m in r["metrics"]["auc"] for r in runs)]
-    seeds = [r["metrics"].get("seed", 0) for r in runs]
-    if len(set(seeds)) != len(seeds):
-        raise SystemExit(f"--combine: the files repeat a seed ({seeds})")
     if len({r["metrics"].get("warm_start_weights_sha256") for r in runs}) != 1:
         raise SystemExit("--combine: the files do not share one warm start")
     # Files written before the base model's weights were recorded are left out of this check.
@@ -1052,6 +1079,11 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
     else:
         target_note = "given to --combine: every file's time to target recomputed from its curve"
 
+    # Every file evaluated zero-shot (or the warm start) on its own: all of them count, merged seeds or not.
+    untrained = spread([r["metrics"]["untrained_success"] for r in runs])
+    runs = merge_seeds(runs)
+    methods = [m for m in runs[0]["metrics"]["auc"] if all(m in r["metrics"]["auc"] for r in runs)]
+    seeds = [r["metrics"].get("seed", 0) for r in runs]
     budget = runs[0]["metrics"]["budget_s_per_method"]
     curves = {m: [r["metrics"]["curves"][m] for r in runs] for m in methods}
     times = {m: [None if target is None else time_to(c, target) for c in curves[m]] for m in methods}
@@ -1099,7 +1131,7 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
         "latency": None if latency is None else latency | {"note": describe_latency(latency)},
         "method_settings": {m: runs[0]["metrics"]["method_settings"][m] for m in methods},
         "warm_start_success": runs[0]["metrics"]["warm_start_success"],
-        "untrained_success": spread([r["metrics"]["untrained_success"] for r in runs]),  # evaluated in every seed's run
+        "untrained_success": untrained,
         "budget_s_per_method": budget,
         "eval_tasks": runs[0]["metrics"]["eval_tasks"],
         "env": runs[0]["metrics"].get("env", "sim"),
@@ -1338,7 +1370,8 @@ def main() -> None:
         nargs="+",
         type=Path,
         metavar="FILE",
-        help="combine these result files, one per seed, into --out (mean, spread, per-seed values; a plot) and stop",
+        help="combine these result files, one or more per seed (their methods united), into --out (mean, spread, "
+        "per-seed values; a plot) and stop",
     )
     args = parser.parse_args()
     if args.out is None:

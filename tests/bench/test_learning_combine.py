@@ -228,7 +228,7 @@ def test_combine_reads_files_written_before_the_target_and_sigma_were_recorded(t
         ("precision", "float32", "differ in precision"),
         ("warm_start_weights_sha256", "1" * 64, "one warm start"),
         ("base_weights_sha256", "b" * 64, "tiny models differ"),
-        ("seed", 0, "repeat a seed"),
+        ("seed", 0, "seed 0's files repeat a method"),
     ],
 )
 def test_combine_refuses_files_that_differ_where_it_matters(
@@ -240,6 +240,29 @@ def test_combine_refuses_files_that_differ_where_it_matters(
     files[1].write_text(json.dumps(run))
     with pytest.raises(SystemExit, match=message):
         learning.combine(files, tmp_path / "combined.json")
+
+
+def test_combine_unites_a_seed_s_methods_run_in_separate_invocations(tmp_path: Path) -> None:
+    # Each seed's A-RIDE in one file, its baselines in another run later at the same settings, zero-shot evaluated
+    # again there: the combination is the one of a file a seed holding all three.
+    whole = learning.combine(seed_files(tmp_path), tmp_path / "whole.json")["metrics"]
+    split = []
+    for seed, path in enumerate(seed_files(tmp_path)):
+        curves = json.loads(path.read_text())["metrics"]["curves"]
+        aride = {"aride_async": curves.pop("aride_async")}
+        split.append(write_run(tmp_path / f"aride{seed}.json", seed, aride, untrained_success=0.2))
+        split.append(write_run(tmp_path / f"baselines{seed}.json", seed, curves, untrained_success=0.4))
+    result = learning.combine(split, tmp_path / "split.json")
+    metrics = result["metrics"]
+    assert metrics["seeds"] == [0, 1, 2]
+    assert list(metrics["auc"]) == ["aride_async", "digirl_async", "digirl_sync"]
+    for key in ("auc", "final_success", "trajectories", "time_to_target_s", "sync_speedup", "aride_area_against"):
+        assert metrics[key] == whole[key]
+    assert result["ratio"] == pytest.approx(18 ** (1 / 3))
+    # Six evaluations of the starting policy, two a seed.
+    assert metrics["untrained_success"]["values"] == [0.2, 0.4] * 3
+    assert metrics["untrained_success"]["mean"] == pytest.approx(0.3)
+    assert len(metrics["files"]) == 6
 
 
 def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path: Path) -> None:
