@@ -1011,16 +1011,6 @@ def area_against(auc: dict[str, dict[str, Any]], baseline: str) -> dict[str, Any
     }
 
 
-def area_above_start(run: dict[str, Any], method: str) -> float | None:
-    """A method's area less its curve's own evaluation of the starting policy (its first point, version 0, as a
-    pretrained model's curves begin), so that methods whose files evaluated that policy separately compare without
-    that evaluation's noise; None for a curve that does not begin with it (the tiny model's: one warm start a file)."""
-    auc, curve = run["metrics"]["auc"][method], run["metrics"]["curves"][method]
-    if auc is None or not curve or curve[0]["version"] != 0:
-        return None
-    return auc - curve[0]["success"]
-
-
 def spread(values: list[float | None]) -> dict[str, Any]:
     """Mean and sample standard deviation of the known (not None) ``values``, and the values themselves."""
     known = [v for v in values if v is not None]
@@ -1124,7 +1114,6 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
         # Mean and spread over the seeds that reached the target; reached_target counts them.
         "time_to_target_s": {m: spread(times[m]) for m in methods},
         "reached_target": {m: sum(t is not None for t in times[m]) for m in methods},
-        "auc_above_start": {m: spread([area_above_start(r, m) for r in runs]) for m in methods},
         "ratio_note": RATIO_RULE,
         "ratio_ci95": headline.get("ci95"),
         "ratio_lower_bound": headline.get("lower_bound"),

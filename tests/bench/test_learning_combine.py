@@ -259,29 +259,10 @@ def test_combine_unites_a_seed_s_methods_run_in_separate_invocations(tmp_path: P
     for key in ("auc", "final_success", "trajectories", "time_to_target_s", "sync_speedup", "aride_area_against"):
         assert metrics[key] == whole[key]
     assert result["ratio"] == pytest.approx(18 ** (1 / 3))
-    assert metrics["auc_above_start"]["aride_async"]["mean"] is None  # these curves begin at a first version
     # Six evaluations of the starting policy, two a seed.
     assert metrics["untrained_success"]["values"] == [0.2, 0.4] * 3
     assert metrics["untrained_success"]["mean"] == pytest.approx(0.3)
     assert len(metrics["files"]) == 6
-
-
-def test_the_area_above_start_is_read_against_the_method_s_own_evaluation_of_the_starting_policy(
-    tmp_path: Path,
-) -> None:
-    def from_zero_shot(start: float, final: float) -> list[dict[str, Any]]:
-        return [{"version": 0, "seconds": 0.0, "success": start}, *curve((60.0, final))]
-
-    files = [
-        write_run(tmp_path / "aride.json", 0, {"aride_async": from_zero_shot(0.5, 0.6)}),
-        write_run(tmp_path / "bc.json", 0, {"filtered_bc_async": from_zero_shot(0.4, 0.5)}),
-    ]
-    metrics = learning.combine(files, tmp_path / "combined.json")["metrics"]
-    # Rising from the start over 60 s, then flat at the final for 60: the start + 3/4 of the gain, from either start.
-    assert metrics["auc"]["aride_async"]["mean"] == pytest.approx(0.575)
-    assert metrics["auc"]["filtered_bc_async"]["mean"] == pytest.approx(0.475)
-    assert metrics["auc_above_start"]["aride_async"]["mean"] == pytest.approx(0.075)
-    assert metrics["auc_above_start"]["filtered_bc_async"]["mean"] == pytest.approx(0.075)
 
 
 def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path: Path) -> None:
