@@ -834,9 +834,9 @@ def plot(
 # to target is not among them: it is recomputed from every file's curve at the combined target.
 # Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
 SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
-# What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
 # What a result file holds one of per method: a seed's files are united on these (merge_seeds).
 PER_METHOD_METRICS = (*SEED_METRICS, "curves", "method_settings", "learner_stats", "time_to_target_s", "reached_target")
+# What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
 SHARED_SETTINGS = ("env", "model", "budget_s_per_method", "eval_tasks", "templates", "envs", "learner", "precision")
 SPEEDUP_KINDS = ("exact", "lower_bound", "upper_bound", "unknown", "at_start")
 RATIO_RULE = (
@@ -1023,9 +1023,10 @@ def spread(values: list[float | None]) -> dict[str, Any]:
 
 def merge_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One run a seed, in the order of their first files: a seed's files (one invocation a method, or a later one adding
-    baselines at the same settings) united on :data:`PER_METHOD_METRICS`, each method from the one file that ran it;
-    the rest is the seed's first file's, but ``untrained_success``, the mean of the files' evaluations of the same
-    starting policy on the seed's held-out tasks (each is listed in ``untrained_success_per_file``)."""
+    baselines at the same settings) united on :data:`PER_METHOD_METRICS`, each method from the one file that ran it (a
+    metric some of them lack is left out, as :func:`combine` leaves out one a seed lacks); the rest is the seed's
+    first file's, but the start's success (zero-shot and the warm start), the mean of the files' own evaluations of
+    it."""
     by_seed: dict[int, list[dict[str, Any]]] = {}
     for run in runs:
         by_seed.setdefault(run["metrics"].get("seed", 0), []).append(run)
@@ -1041,20 +1042,21 @@ def merge_seeds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for key in PER_METHOD_METRICS:
             if all(key in run["metrics"] for run in files):
                 metrics[key] = {m: v for run in files for m, v in run["metrics"][key].items()}
-        starts = [run["metrics"]["untrained_success"] for run in files]
-        metrics["untrained_success"] = statistics.fmean(starts)
-        metrics["untrained_success_per_file"] = starts
+            else:
+                metrics.pop(key, None)
+        for start in ("untrained_success", "warm_start_success"):
+            if metrics.get(start) is not None:
+                metrics[start] = statistics.fmean(run["metrics"][start] for run in files)
         merged.append(files[0] | {"quick": any(run["quick"] for run in files), "metrics": metrics})
     return merged
 
 
 def combine(files: list[Path], out: Path, target: float | None = None) -> dict[str, Any]:
     """Combine result files (same settings, latency model and warm start; a seed's methods in one file or several,
-    :func:`merge_seeds`; the methods every seed ran are compared) into ``out``: per method
-    and metric the mean, the sample standard deviation and each seed's value; each seed's time to ``target`` (None:
-    the files' own target, which they must share), recomputed from its curve; every async method's sync speed-up
-    over the seeds (:data:`RATIO_RULE`), A-RIDE's being the headline ``ratio``; and the plot of
-    :func:`plot_combined`."""
+    :func:`merge_seeds`; the methods every seed ran are compared) into ``out``: per method and metric the mean, the
+    sample standard deviation and each seed's value; each seed's time to ``target`` (None: the files' own target,
+    which they must share), recomputed from its curve; every async method's sync speed-up over the seeds
+    (:data:`RATIO_RULE`), A-RIDE's being the headline ``ratio``; and the plot of :func:`plot_combined`."""
     runs = [json.loads(f.read_text()) for f in files]
     if len({r["metrics"].get("warm_start_weights_sha256") for r in runs}) != 1:
         raise SystemExit("--combine: the files do not share one warm start")
@@ -1079,7 +1081,7 @@ def combine(files: list[Path], out: Path, target: float | None = None) -> dict[s
     else:
         target_note = "given to --combine: every file's time to target recomputed from its curve"
 
-    # Every file evaluated zero-shot (or the warm start) on its own: all of them count, merged seeds or not.
+    # Every file evaluated zero-shot on its own: all of them count, merged seeds or not.
     untrained = spread([r["metrics"]["untrained_success"] for r in runs])
     runs = merge_seeds(runs)
     methods = [m for m in runs[0]["metrics"]["auc"] if all(m in r["metrics"]["auc"] for r in runs)]

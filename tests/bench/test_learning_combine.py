@@ -265,6 +265,22 @@ def test_combine_unites_a_seed_s_methods_run_in_separate_invocations(tmp_path: P
     assert len(metrics["files"]) == 6
 
 
+def test_a_seed_s_files_merge_into_one_run_with_the_mean_of_their_starts(tmp_path: Path) -> None:
+    first = write_run(tmp_path / "a.json", 3, {"aride_async": reaching(20.0)}, untrained_success=0.2)
+    second = write_run(
+        tmp_path / "b.json", 3, {"digirl_sync": reaching(60.0)}, untrained_success=0.4, warm_start_success=0.7
+    )
+    older = json.loads(second.read_text())
+    del older["metrics"]["trajectories"]  # written before the episodes were counted
+    (merged,) = learning.merge_seeds([json.loads(first.read_text()), older])
+    metrics = merged["metrics"]
+    assert list(metrics["curves"]) == list(metrics["auc"]) == ["aride_async", "digirl_sync"]
+    assert metrics["curves"]["digirl_sync"] == reaching(60.0)
+    assert metrics["untrained_success"] == pytest.approx(0.3)
+    assert metrics["warm_start_success"] == pytest.approx(0.6)
+    assert "trajectories" not in metrics  # one file lacks it: none, as for a seed whose one file lacks it
+
+
 def test_combine_pools_files_written_before_the_base_model_was_recorded(tmp_path: Path) -> None:
     files = seed_files(tmp_path)
     run = json.loads(files[1].read_text())
