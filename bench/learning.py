@@ -787,6 +787,17 @@ def area_under(curve: list[dict[str, Any]], budget_s: float) -> float | None:
     return area / budget_s
 
 
+def plot_panels(methods: list[str]) -> dict[str, list[str]]:
+    """:func:`plot`'s panels, titled: the baselines that ran, and A-RIDE beside its ablations and variants where any
+    ran (without them that panel would only repeat A-RIDE's curve)."""
+    variants = [m for m in methods if m not in BASELINES]
+    panels = {
+        "methods (same start)": [m for m in methods if m in BASELINES],
+        "A-RIDE: ablations and variants": [m for m in methods if m == "aride_async"] + variants if variants else [],
+    }
+    return {title: shown for title, shown in panels.items() if shown}
+
+
 def plot(
     curves: dict[str, list[dict[str, Any]]],
     untrained: float,
@@ -802,12 +813,9 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = {
-        "methods (same start)": [m for m in curves if m in BASELINES],
-        "A-RIDE: ablations and variants": [m for m in curves if m == "aride_async" or m not in BASELINES],
-    }
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
-    for ax, (title, methods) in zip(axes, panels.items(), strict=True):
+    panels = plot_panels(list(curves))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 5), sharey=True, squeeze=False)
+    for ax, (title, methods) in zip(axes[0], panels.items(), strict=True):
         for method in methods:
             curve = curves[method]
             ax.plot([p["seconds"] / 60 for p in curve], [p["success"] for p in curve], marker="o", label=method)
@@ -819,7 +827,7 @@ def plot(
         ax.set_xlabel("wall-clock minutes since launch")
         ax.set_title(title)
         ax.legend(loc="lower right", fontsize=8)
-    axes[0].set_ylabel("held-out success")
+    axes[0][0].set_ylabel("held-out success")
     fig.suptitle(f"Held-out success over time ({where}, same budget, same envs)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
