@@ -790,11 +790,9 @@ def area_under(curve: list[dict[str, Any]], budget_s: float) -> float | None:
 def plot_panels(methods: list[str]) -> dict[str, list[str]]:
     """:func:`plot`'s panels, titled: the baselines that ran, and A-RIDE beside its ablations and variants where any
     ran (without them that panel would only repeat A-RIDE's curve)."""
-    variants = [m for m in methods if m not in BASELINES]
-    panels = {
-        "methods (same start)": [m for m in methods if m in BASELINES],
-        "A-RIDE: ablations and variants": [m for m in methods if m == "aride_async"] + variants if variants else [],
-    }
+    panels = {"methods (same start)": [m for m in methods if m in BASELINES]}
+    if variants := [m for m in methods if m not in BASELINES]:
+        panels["A-RIDE: ablations and variants"] = [m for m in methods if m == "aride_async"] + variants
     return {title: shown for title, shown in panels.items() if shown}
 
 
