@@ -124,7 +124,7 @@ from distrl_stream.config import (
 from distrl_stream.envs.sim import SimEnv
 from distrl_stream.envs.tasks import task_pool
 from distrl_stream.errors import ConfigError
-from distrl_stream.events import MetricEvent, WeightVersionEvent, decode, epoch_ms
+from distrl_stream.events import MetricEvent, TrajectoryEvent, WeightVersionEvent, decode, epoch_ms
 from distrl_stream.inference.server import InferenceServer, start_on_cores, unload_all_adapters
 from distrl_stream.inference.versions import WeightWatcher
 from distrl_stream.kafka.broker import EmbeddedBroker
@@ -486,6 +486,8 @@ class TrainRun:
     launched: float  # epoch seconds
     versions: list[WeightVersionEvent] = field(default_factory=list)
     trajectories: int = 0
+    # Of them, the successes: the rate the learner's batches are drawn from (its batch_success is what it drew).
+    collected_successes: int = 0
     learner_updates: int = 0  # behind the last version published within the budget
     learner_stats: list[dict[str, float]] = field(default_factory=list)
 
@@ -573,7 +575,8 @@ def train(
     topics = TopicNames(run)
     versions = [decode(m.value(), WeightVersionEvent) for m in read_topic(cfg.kafka, topics.weights)]
     result = TrainRun(method, run, launched, sorted(versions, key=lambda e: e.version))
-    result.trajectories = sum(1 for _ in read_topic(cfg.kafka, topics.trajectories))
+    outcomes = [decode(m.value(), TrajectoryEvent).success for m in read_topic(cfg.kafka, topics.trajectories)]
+    result.trajectories, result.collected_successes = len(outcomes), sum(outcomes)
     result.learner_updates = max((e.learner_step for e in result.published_within(budget_s)), default=0)
     for msg in read_topic(cfg.kafka, topics.metrics):
         metric = decode(msg.value(), MetricEvent)
@@ -581,7 +584,14 @@ def train(
             seconds = metric.timestamp.timestamp() - launched
             kept = {k: metric.values[k] for k in LEARNER_STATS if k in metric.values}
             result.learner_stats.append({"seconds": round(seconds, 1), **kept})
-    log.info("%s: %d versions, %d trajectories in %.0fs", method, len(versions), result.trajectories, budget_s)
+    log.info(
+        "%s: %d versions, %d trajectories (%d successes) in %.0fs",
+        method,
+        len(versions),
+        result.trajectories,
+        result.collected_successes,
+        budget_s,
+    )
     return result
 
 
@@ -838,8 +848,17 @@ def plot(
 
 # Per method, what a seed's run reports and the combined file summarises (mean, spread, every seed's value). The time
 # to target is not among them: it is recomputed from every file's curve at the combined target.
-# Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up.
-SEED_METRICS = ("auc", "final_success", "best_success", "learner_updates", "versions_published", "trajectories")
+# Per method and seed; trajectories (episodes collected within the budget) is the data side of a sync speed-up,
+# collected_successes how many of them succeeded (what a learner's batches can hold; a file written before lacks it).
+SEED_METRICS = (
+    "auc",
+    "final_success",
+    "best_success",
+    "learner_updates",
+    "versions_published",
+    "trajectories",
+    "collected_successes",
+)
 # What a result file holds one of per method: a seed's files are united on these (merge_seeds).
 PER_METHOD_METRICS = (*SEED_METRICS, "curves", "method_settings", "learner_stats", "time_to_target_s", "reached_target")
 # What combined files must share besides the warm start and the latency model: what a curve depends on but its seed.
@@ -1580,6 +1599,7 @@ def main() -> None:
             "curves": curves,
             "versions_published": {m: len(r.published_within(budget)) for m, r in runs.items()},
             "trajectories": {m: r.trajectories for m, r in runs.items()},
+            "collected_successes": {m: r.collected_successes for m, r in runs.items()},
             "learner_updates": {m: r.learner_updates for m, r in runs.items()},
             "budget_s_per_method": budget,
             "seed": args.seed,

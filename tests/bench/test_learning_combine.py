@@ -40,6 +40,7 @@ def write_run(path: Path, seed: int, curves: dict[str, list[dict[str, Any]]], **
         "learner_updates": {m: 10 * len(c) for m, c in curves.items()},
         "versions_published": {m: len(c) for m, c in curves.items()},
         "trajectories": {m: 100 * len(c) for m, c in curves.items()},
+        "collected_successes": {m: 10 * len(c) for m, c in curves.items()},
         "method_settings": {m: learning.METHODS[m] for m in curves},
         "target_success": 0.7,
         "latency": LATENCY,
@@ -177,6 +178,7 @@ def test_combine_gives_the_geometric_mean_over_seeds_with_its_interval_and_plot(
     assert metrics["sync_speedup"]["digirl_async"]["per_seed"][2]["kind"] == "lower_bound"
     assert metrics["reached_target"] == {"aride_async": 3, "digirl_async": 3, "digirl_sync": 2}
     assert metrics["trajectories"]["digirl_sync"] == {"mean": 300, "std": 0.0, "values": [300, 300, 300]}
+    assert metrics["collected_successes"]["digirl_sync"]["values"] == [30, 30, 30]
     assert metrics["time_to_target_s"]["digirl_sync"]["values"] == [60.0, 60.0, None]
     assert metrics["aride_area_against"]["digirl_async"]["holds"] is True
     assert metrics["latency"]["task_spread"] == 100.0 and "log-normal" in metrics["latency"]["note"]
