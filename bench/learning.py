@@ -834,7 +834,7 @@ def plot(
         ax.set_ylim(0, 1)
         ax.set_xlabel("wall-clock minutes since launch")
         ax.set_title(title)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     axes[0][0].set_ylabel("held-out success")
     fig.suptitle(f"Held-out success over time ({where}, same budget, same envs)")
     fig.tight_layout()
@@ -1223,7 +1223,7 @@ def plot_combined(runs: list[dict[str, Any]], methods: list[str], target: float 
     top.set_xlabel("wall-clock minutes since launch")
     top.set_ylabel("held-out success")
     top.set_title(f"mean over {len(runs)} seeds, band ± 1 standard deviation (each seed linear between its versions)")
-    top.legend(loc="lower right", fontsize=8)
+    top.legend(loc="best", fontsize=8)
     for index, method in enumerate(methods):
         ax = fig.add_subplot(layout[1 + index // columns, index % columns])
         for run in runs:
