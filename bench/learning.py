@@ -250,6 +250,8 @@ LEARNER_STATS = (
     "rho_clipped_frac",
     "batch_success",
     "batch_lag_mean",
+    "buffer_success",
+    "priority_success_share",
 )
 
 log = logging.getLogger("bench.learning")

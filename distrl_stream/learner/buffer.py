@@ -245,8 +245,15 @@ class ReplayBuffer:
         return [(start + i) % self.capacity for i in range(n)]
 
     def stats(self) -> dict[str, float]:
-        """Fill and priority statistics (the learner's ``buffer_*`` and ``priority_*`` metrics)."""
+        """Fill and priority statistics (the learner's ``buffer_*`` and ``priority_*`` metrics).
+
+        ``buffer_success`` is the share of stored episodes that succeeded and ``priority_success_share`` the chance
+        that one draw is a success (their share of the sampling mass p^α): the second above the first is how far DPER
+        leans towards successes.
+        """
         priorities = np.array([self.priority(k) for k in self]) if len(self) else None
+        success = np.array([self._episodes[k].success for k in self], dtype=bool)
+        mass = priorities**self.alpha if priorities is not None else None
         return {
             "buffer_episodes": float(len(self)),
             "buffer_steps": float(self.num_steps),
@@ -255,6 +262,8 @@ class ReplayBuffer:
             "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
             "priority_max": float(priorities.max()) if priorities is not None else 0.0,
             "priority_min": float(priorities.min()) if priorities is not None else 0.0,
+            "buffer_success": float(success.mean()) if len(success) else 0.0,
+            "priority_success_share": float(mass[success].sum() / mass.sum()) if mass is not None else 0.0,
         }
 
     @property

@@ -166,6 +166,18 @@ def test_new_episodes_enter_at_the_current_max_priority() -> None:
     assert buf.priority(buf.add(episode(2, "c"))) == 3.0
 
 
+def test_stats_say_how_far_dper_leans_towards_successes() -> None:
+    buf = ReplayBuffer(capacity=100, alpha=0.5, seed=0)
+    assert buf.stats()["buffer_success"] == 0.0 and buf.stats()["priority_success_share"] == 0.0
+    keys = [buf.add(episode(2, f"e{i}", success=i == 0)) for i in range(4)]
+    buf.update_priorities(keys, [9.0, 1.0, 1.0, 1.0])
+    stats = buf.stats()
+    assert stats["buffer_success"] == 0.25  # one of four stored
+    assert stats["priority_success_share"] == pytest.approx(3.0 / 6.0)  # sqrt(9) of sqrt(9) + 3 × sqrt(1)
+    draws = buf.sample(4000, beta=0.4).keys
+    assert abs(draws.count(keys[0]) / len(draws) - 0.5) < 0.05  # what the sampler does
+
+
 def test_priority_updates_skip_evicted_episodes_and_refuse_bad_values() -> None:
     buf = ReplayBuffer(capacity=4, seed=0)
     old = buf.add(episode(3, "old"))
