@@ -195,10 +195,9 @@ WARM_LR = 3e-3
 # The warm start's recipe (--noise, --scripted-episodes, --bc-updates): the scripted policy's random-action
 # probability, the episodes it plays, and the behaviour-cloning updates on them.
 WARM_RECIPE = {"noise": 0.3, "scripted_episodes": 300, "bc_updates": 600}
-# A pretrained model's learner: `up`'s pretrained profile (micro-batches of 2 steps, checkpointing, lr 3e-4, γ 0.9) over
-# LEARNER, except the critic warm-up: the profile's 10 updates would be most of a six-minute run's ~10 (~36 s an
-# update), leaving A-RIDE, the only method that warms up, no policy step.
-PRETRAINED_LEARNER = {**LEARNER, **PRETRAINED_UP_PROFILE["learner"], "critic_warmup_updates": 2}
+# A pretrained model's learner: `up`'s pretrained profile (4-episode batches in one checkpointed pass, lr 1e-4, γ 0.9,
+# a critic warm-up of 2 updates) over LEARNER.
+PRETRAINED_LEARNER = {**LEARNER, **PRETRAINED_UP_PROFILE["learner"]}
 # Learner fields another flag or the bench itself sets for each method: --learner would be overridden, yet recorded.
 SET_ELSEWHERE = {
     "algorithm": "--methods, --variant",

@@ -187,6 +187,15 @@ def test_up_profile_fills_only_the_fields_left_at_their_defaults(tmp_path: Path)
     assert "max_model_len" not in up_profile(chosen, vision=True).get("inference", {})
 
 
+def test_the_pretrained_profile_trains_on_the_templates_a_pretrained_model_sometimes_solves(tmp_path: Path) -> None:
+    profile = up_profile(load_config(None, data_dir=tmp_path), pretrained=True)
+    assert profile["env"]["templates"] == ["take_photo", "turn_on_setting", "alarm_on"]
+    assert profile["learner"]["batch_episodes"] == 4 and profile["learner"]["policy_lr"] == 1e-4
+    assert profile["learner"]["critic_warmup_updates"] == 2
+    chosen = load_config(None, data_dir=tmp_path, env={"templates": ["create_note"]})
+    assert "env" not in up_profile(chosen, pretrained=True)  # the user's templates stay
+
+
 def test_up_profile_keeps_a_field_set_to_its_library_default(tmp_path: Path) -> None:
     # learner.gamma 0.5 is the library default, written on purpose: it must not become the profile's 0.9.
     path = tmp_path / "run.toml"
