@@ -80,7 +80,7 @@ UP_PROFILE: dict[str, dict[str, Any]] = {
 # 200 tokens/s, so an update of a few episodes takes tens of seconds and the learner, not collection, sets the pace
 # (bench/results/pretrained.json).
 PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
-    # The tiny model's three 2-step templates: SmolLM2 solves 9-14% of them zero-shot and none of 50 tasks of the
+    # The tiny model's three 2-step templates: SmolLM2 solves 9-14% of them zero-shot and none of 50 tasks of five
     # longer ones (docs/learner.md, "RL fine-tuning of a pretrained model"), where RL has nothing to reinforce.
     "env": UP_PROFILE["env"],
     # The chat prompt lists the candidates: the longest sim prompt plus its longest action is 385 SmolLM2 tokens.
@@ -92,9 +92,9 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
     # DPER chooses which half to learn from, as the paper's never-waiting collectors leave it to.
     "collector": {"envs": 2, "samples_per_insert": 0.5},
     "learner": {
-        # Four episodes a batch: the sim templates' episodes succeed 8-18% of the time, and a batch of two held no
-        # success in 19 of 20 updates where one of four holds one in half (docs/learner.md, "In bf16 at `policy_lr`
-        # 1e-4 with 4-episode batches: A-RIDE"); affordable since bf16 and the shared prefix.
+        # Four episodes a batch: batches of two held no success in 19 of 20 updates of the earlier float32 runs, batches
+        # of four one in two in the bf16 runs, whose collectors succeeded in 8-18% of their episodes (docs/learner.md,
+        # "In bf16 at `policy_lr` 1e-4 with 4-episode batches: A-RIDE"); affordable since bf16 and the shared prefix.
         "batch_episodes": 4,
         "min_buffer_episodes": 4,
         # The batch in one forward pass (no second one), layers checkpointed: in bf16 with the shared prefix 19.9 s
