@@ -262,7 +262,7 @@ class ReplayBuffer:
             "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
             "priority_max": float(priorities.max()) if priorities is not None else 0.0,
             "priority_min": float(priorities.min()) if priorities is not None else 0.0,
-            "buffer_success": float(success.mean()) if len(success) else 0.0,
+            "buffer_success": float(success.mean()) if priorities is not None else 0.0,
             "priority_success_share": float(mass[success].sum() / mass.sum()) if mass is not None else 0.0,
         }
 
