@@ -333,7 +333,7 @@ def test_poison_stale_and_good_records_are_each_handled_and_logged(
 def test_prometheus_endpoint_shows_ingest_dead_letters_updates_losses_and_lag(
     learner_config: Callable[..., Config], started: Callable[[Config], Learner]
 ) -> None:
-    cfg = learner_config(metrics_port=0, drop_above_policy_lag=1)
+    cfg = learner_config(metrics_port=0)
     learner = started(cfg)
     address = f"127.0.0.1:{learner.prometheus.port}"
     assert value(scrape(address), "distrl_learner_trajectories_total", status="ingested") == 0
