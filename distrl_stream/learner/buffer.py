@@ -251,19 +251,24 @@ class ReplayBuffer:
         that one draw is a success (their share of the sampling mass p^α): the second above the first is how far DPER
         leans towards successes.
         """
-        priorities = np.array([self.priority(k) for k in self]) if len(self) else None
-        success = np.array([self._episodes[k].success for k in self], dtype=bool)
-        mass = priorities**self.alpha if priorities is not None else None
-        return {
+        fill = {
             "buffer_episodes": float(len(self)),
             "buffer_steps": float(self.num_steps),
             "buffer_fill": self.num_steps / self.capacity,
             "buffer_evicted": float(self.episodes_evicted),
-            "priority_mean": float(priorities.mean()) if priorities is not None else 0.0,
-            "priority_max": float(priorities.max()) if priorities is not None else 0.0,
-            "priority_min": float(priorities.min()) if priorities is not None else 0.0,
-            "buffer_success": float(success.mean()) if priorities is not None else 0.0,
-            "priority_success_share": float(mass[success].sum() / mass.sum()) if mass is not None else 0.0,
+        }
+        if not len(self):
+            empty = ("priority_mean", "priority_max", "priority_min", "buffer_success", "priority_success_share")
+            return fill | dict.fromkeys(empty, 0.0)
+        priorities = np.array([self.priority(k) for k in self])
+        success = np.array([self._episodes[k].success for k in self], dtype=bool)
+        mass = priorities**self.alpha
+        return fill | {
+            "priority_mean": float(priorities.mean()),
+            "priority_max": float(priorities.max()),
+            "priority_min": float(priorities.min()),
+            "buffer_success": float(success.mean()),
+            "priority_success_share": float(mass[success].sum() / mass.sum()),
         }
 
     @property
