@@ -95,7 +95,7 @@ PRETRAINED_UP_PROFILE: dict[str, dict[str, Any]] = {
         # Four episodes a batch: batches of two held no success in 19 of 20 updates of the earlier float32 runs, batches
         # of four one in two in the bf16 runs, whose collectors succeeded in 8-18% of their episodes, and in bf16 at
         # the same step batches of two ended below zero-shot (docs/learner.md, "In bf16 at `policy_lr` 1e-4 with
-        # 4-episode batches: A-RIDE and sync DigiRL"); affordable since bf16 and the shared prefix.
+        # 4-episode batches: the four methods"); affordable since bf16 and the shared prefix.
         "batch_episodes": 4,
         "min_buffer_episodes": 4,
         # The batch in one forward pass (no second one), layers checkpointed: in bf16 with the shared prefix 19.9 s
