@@ -262,7 +262,7 @@ class ReplayBuffer:
             return fill | dict.fromkeys(empty, 0.0)
         priorities = np.array([self.priority(k) for k in self])
         success = np.array([self._episodes[k].success for k in self], dtype=bool)
-        mass = priorities**self.alpha
+        mass = np.array([self._tree[self._start[k]] for k in self])  # each episode's p^α, as the draws read it
         return fill | {
             "priority_mean": float(priorities.mean()),
             "priority_max": float(priorities.max()),
